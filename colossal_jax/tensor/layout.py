@@ -1,0 +1,233 @@
+"""The contract every tensor-parallel mode implements.
+
+A *layout* owns how the transformer's arrays are split over the tensor axes of the mesh and the
+kernels that compute on them. The library's layers (``colossal_jax/layers``) only ever call the
+methods below, so a model is written once and every mode (``none``, ``1d``, ``2d``, ``2.5d``,
+``3d``) plugs in underneath.
+
+Arrays are *global* (jit-level) arrays; a layout method wraps its own ``jax.shard_map`` with the
+in/out specs of its mode, so callers never see per-device blocks.
+
+Shapes (global):
+- residual stream ``x``: ``[b, s, h]`` in :meth:`TensorLayout.residual_spec`.
+- output of an ``"in"`` linear (QKV, MLP up, LM head): ``[b, s, k]`` in
+  :meth:`TensorLayout.wide_spec`; the input of an ``"out"`` linear is in the same spec.
+- weights ``[n, k]`` in :meth:`TensorLayout.weight_spec` (``kind`` ``"in"``: ``n = h``;
+  ``"out"``: ``k = h``), biases ``[k]`` in :meth:`TensorLayout.bias_spec`.
+- layer-norm scale/bias ``[h]`` in :meth:`TensorLayout.norm_spec`; embedding table ``[V, h]``
+  in :meth:`TensorLayout.embedding_spec`.
+- tokens, targets, positions, loss weights: ``[b, s]`` in :meth:`TensorLayout.token_spec`
+  (batch split like the residual stream's batch, replicated over the hidden-splitting axes).
+
+Kernel modules import nothing from the rest of the package.
+"""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Literal
+
+import jax
+import jax.numpy as jnp
+from jax.sharding import Mesh
+from jax.sharding import PartitionSpec as P
+
+LinearKind = Literal["in", "out"]
+"""``"in"``: hidden -> wide (QKV projections, MLP up-projection, LM head; Megatron *column*).
+``"out"``: wide -> hidden (attention output, MLP down-projection; Megatron *row*)."""
+
+AxisNames = tuple[str, ...]
+
+LocalAttention = Callable[[jax.Array, jax.Array, jax.Array, jax.Array, jax.Array], jax.Array]
+"""``f(q, k, v, q_pos, k_pos) -> out``, run *inside* a ``shard_map``: per-device blocks
+``q, k, v: [b, s_local, heads_local, head_dim]`` and integer positions ``[b, s_local]``; returns
+``[b, s_local, heads_local, head_dim]``. It may use collectives over the sequence axis (ring
+attention, Ulysses), so the layout's ``shard_map`` must include that axis."""
+
+
+@dataclass(frozen=True)
+class ActivationAxes:
+    """Mesh axes that split activations independently of the tensor mode.
+
+    Attributes:
+      batch: axes that split the batch dimension outside the tensor group (usually ``("data",)``);
+        the tensor mode may add its own axes after these.
+      seq: the axis that splits the sequence dimension (``None`` for no sequence split).
+    """
+
+    batch: AxisNames = ("data",)
+    seq: str | None = "seq"
+
+
+def spec_axes(*names: str | None) -> str | AxisNames | None:
+    """A PartitionSpec entry for a dimension split over ``names`` (``None`` entries dropped)."""
+    kept = tuple(n for n in names if n is not None)
+    if not kept:
+        return None
+    return kept[0] if len(kept) == 1 else kept
+
+
+def vocab_parallel_cross_entropy(
+    logits: jax.Array, targets: jax.Array, weights: jax.Array, vocab_axes: AxisNames
+) -> tuple[jax.Array, jax.Array]:
+    """Cross-entropy over a vocabulary split across ``vocab_axes`` (Megatron-LM, Shoeybi 2019).
+
+    Runs inside a ``shard_map``. ``logits: [..., V_local]`` holds this device's contiguous slice
+    of the vocabulary (slice index = linear index over ``vocab_axes``); ``targets`` hold *global*
+    token ids. Three reductions over ``vocab_axes``: max, target logit, sum of exp — each of
+    ``[...]`` elements, so communication is 3 all-reduces of the token count, never the logits.
+
+    Returns ``(sum of weighted losses, sum of weights)`` over the local tokens (not reduced over
+    the batch axes).
+    """
+    logits = logits.astype(jnp.float32)
+    v_local = logits.shape[-1]
+    if vocab_axes:
+        shard = jax.lax.axis_index(vocab_axes)
+        # the max is only a numerical shift: no gradient needs to flow through it.
+        m = jax.lax.stop_gradient(jax.lax.pmax(jnp.max(logits, axis=-1), vocab_axes))
+    else:
+        shard = 0
+        m = jax.lax.stop_gradient(jnp.max(logits, axis=-1))
+    local_t = targets - shard * v_local
+    in_range = (local_t >= 0) & (local_t < v_local)
+    picked = jnp.take_along_axis(logits, jnp.clip(local_t, 0, v_local - 1)[..., None], axis=-1)
+    target_logit = jnp.where(in_range, picked[..., 0], 0.0)
+    sum_exp = jnp.sum(jnp.exp(logits - m[..., None]), axis=-1)
+    if vocab_axes:
+        target_logit = jax.lax.psum(target_logit, vocab_axes)
+        sum_exp = jax.lax.psum(sum_exp, vocab_axes)
+    loss = jnp.log(sum_exp) + m - target_logit
+    w = weights.astype(jnp.float32)
+    return jnp.sum(loss * w), jnp.sum(w)
+
+
+class TensorLayout(abc.ABC):
+    """How one tensor-parallel mode splits and computes a transformer.
+
+    Subclasses set :attr:`mode` and implement the abstract methods. Constructors validate nothing
+    expensive; :meth:`validate` checks model dimensions against the grid and raises ``ValueError``
+    naming the bad value and what would divide.
+    """
+
+    mode: str = ""
+
+    def __init__(self, mesh: Mesh, activation_axes: ActivationAxes = ActivationAxes()):
+        self.mesh = mesh
+        self.act = activation_axes
+        for name in (*activation_axes.batch, activation_axes.seq):
+            if name is not None and name not in mesh.shape:
+                raise ValueError(f"axis {name!r} is not in the mesh axes {tuple(mesh.shape)}")
+
+    # ---- sizes -------------------------------------------------------------------------------
+    def axis_size(self, names: str | AxisNames | None) -> int:
+        if names is None:
+            return 1
+        if isinstance(names, str):
+            names = (names,)
+        size = 1
+        for n in names:
+            size *= self.mesh.shape[n]
+        return size
+
+    @property
+    def seq_axis(self) -> str | None:
+        return self.act.seq
+
+    @abc.abstractmethod
+    def batch_divisor(self) -> int:
+        """How many pieces the batch dimension is split into (data axes times the mode's own)."""
+
+    @abc.abstractmethod
+    def validate(self, *, hidden: int, mlp: int, heads: int, vocab: int) -> None:
+        """Raise ``ValueError`` if the model dimensions do not fit this layout's grid."""
+
+    # ---- specs -------------------------------------------------------------------------------
+    @abc.abstractmethod
+    def residual_spec(self) -> P: ...
+
+    @abc.abstractmethod
+    def wide_spec(self) -> P: ...
+
+    @abc.abstractmethod
+    def token_spec(self) -> P: ...
+
+    @abc.abstractmethod
+    def weight_spec(self, kind: LinearKind) -> P: ...
+
+    @abc.abstractmethod
+    def bias_spec(self, kind: LinearKind) -> P: ...
+
+    @abc.abstractmethod
+    def norm_spec(self) -> P: ...
+
+    @abc.abstractmethod
+    def embedding_spec(self) -> P: ...
+
+    # ---- kernels ------------------------------------------------------------------------------
+    @abc.abstractmethod
+    def linear(self, x: jax.Array, w: jax.Array, b: jax.Array | None, kind: LinearKind) -> jax.Array:
+        """``x @ w + b``: residual -> wide for ``"in"``, wide -> residual for ``"out"``."""
+
+    @abc.abstractmethod
+    def layer_norm(self, x: jax.Array, scale: jax.Array, bias: jax.Array, eps: float) -> jax.Array:
+        """LayerNorm over the (possibly split) hidden dimension of a residual-layout ``x``."""
+
+    @abc.abstractmethod
+    def embed(self, tokens: jax.Array, table: jax.Array) -> jax.Array:
+        """``table[tokens]``: token ids ``[b, s]`` -> residual-layout ``[b, s, h]``."""
+
+    @abc.abstractmethod
+    def attention(
+        self,
+        q: jax.Array,
+        k: jax.Array,
+        v: jax.Array,
+        positions: jax.Array,
+        *,
+        heads: int,
+        local_attention: LocalAttention,
+    ) -> jax.Array:
+        """Multi-head attention on wide-layout ``q, k, v: [b, s, heads*head_dim]``.
+
+        Splits the last dimension into ``heads`` heads *locally* (each device's hidden slice holds
+        whole heads), calls ``local_attention`` inside one ``shard_map`` that also covers the
+        sequence axis, and returns the wide-layout ``[b, s, heads*head_dim]`` result.
+        """
+
+    @abc.abstractmethod
+    def cross_entropy(
+        self, logits: jax.Array, targets: jax.Array, weights: jax.Array
+    ) -> tuple[jax.Array, jax.Array]:
+        """Global ``(sum of weighted token losses, sum of weights)`` for wide-layout logits
+        ``[b, s, V]`` (vocabulary split as the wide dimension). Both results are replicated."""
+
+
+def attention_in_shard_map(
+    layout: TensorLayout,
+    q: jax.Array,
+    k: jax.Array,
+    v: jax.Array,
+    positions: jax.Array,
+    *,
+    heads: int,
+    head_split: int,
+    local_attention: LocalAttention,
+) -> jax.Array:
+    """Shared body of :meth:`TensorLayout.attention`: the wide spec splits the hidden dimension
+    ``head_split`` ways, so each device holds ``heads // head_split`` whole heads."""
+    wide = layout.wide_spec()
+    tokens = layout.token_spec()
+    local_heads = heads // head_split
+
+    def body(q, k, v, pos):
+        b, s, hd = q.shape
+        shape = (b, s, local_heads, hd // local_heads)
+        out = local_attention(q.reshape(shape), k.reshape(shape), v.reshape(shape), pos, pos)
+        return out.reshape(b, s, hd)
+
+    return jax.shard_map(
+        body, mesh=layout.mesh, in_specs=(wide, wide, wide, tokens), out_specs=wide
+    )(q, k, v, positions)
