@@ -1,0 +1,25 @@
+"""The library's layers and the switch that routes them to a parallel layout."""
+
+from colossal_jax.layers.context import Parallelism, active, use_parallelism
+from colossal_jax.layers.core import MLP, Dense, Embed, LayerNorm, SelfAttention, cross_entropy
+
+
+def param_specs(state):
+    """PartitionSpecs of an nnx State under the active layout."""
+    from colossal_jax.sharding import param_specs as _specs
+
+    return _specs(state, active().layout)
+
+
+__all__ = [
+    "MLP",
+    "Dense",
+    "Embed",
+    "LayerNorm",
+    "Parallelism",
+    "SelfAttention",
+    "active",
+    "cross_entropy",
+    "param_specs",
+    "use_parallelism",
+]

@@ -1,0 +1,395 @@
+"""Configuration: frozen dataclasses, parsing of mesh strings and presets, validation.
+
+Nothing here imports JAX, so a bad command line fails in well under a second with a message that
+names the bad value and a valid alternative (:class:`ConfigError`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import tomllib
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+AXES: tuple[str, ...] = ("data", "pipe", "tensor_row", "tensor_col", "tensor_depth", "seq")
+"""The six mesh axes, in the order they are printed. Device order puts tensor axes innermost."""
+
+MESH_ORDER: tuple[str, ...] = ("data", "pipe", "seq", "tensor_depth", "tensor_row", "tensor_col")
+"""Axis order of the physical mesh: data outermost (crosses hosts), tensor innermost (NVLink)."""
+
+TENSOR_MODES = ("none", "1d", "2d", "2.5d", "3d")
+SEQ_MODES = ("none", "ring", "ulysses", "ring-self-attention")
+PRECISIONS = ("fp32", "bf16")
+OPTIMIZERS = ("adamw", "lamb", "lars", "sgd")
+MESHES_DIR = Path(__file__).resolve().parent.parent / "meshes"
+
+
+class ConfigError(ValueError):
+    """An impossible configuration, reported before anything compiles."""
+
+
+@dataclass(frozen=True)
+class ParallelConfig:
+    """How the devices are arranged and which algorithm runs on each axis.
+
+    Attributes:
+      data: data-parallel replicas (batch split); ZeRO shards optimizer state over this axis.
+      pipe: pipeline stages. Only 1 is supported so far.
+      tensor_row, tensor_col, tensor_depth: the tensor-parallel grid. ``1d`` uses all three as
+        one group; ``2d`` a q×q grid (row, col); ``2.5d`` q×q×d; ``3d`` a q×q×q cube.
+      seq: sequence-parallel group (sequence split).
+      tensor_mode: ``none | 1d | 2d | 2.5d | 3d``.
+      seq_mode: ``none | ring | ulysses | ring-self-attention``.
+      zero: ZeRO stage: 0 (off) or 1 (optimizer state sharded over ``data``).
+    """
+
+    data: int = 1
+    pipe: int = 1
+    tensor_row: int = 1
+    tensor_col: int = 1
+    tensor_depth: int = 1
+    seq: int = 1
+    tensor_mode: str = "none"
+    seq_mode: str = "none"
+    zero: int = 0
+
+    @property
+    def axis_sizes(self) -> dict[str, int]:
+        return {a: getattr(self, a) for a in AXES}
+
+    @property
+    def size(self) -> int:
+        return math.prod(self.axis_sizes.values())
+
+    @property
+    def tensor_size(self) -> int:
+        return self.tensor_row * self.tensor_col * self.tensor_depth
+
+    def describe(self) -> str:
+        axes = " × ".join(f"{a}={n}" for a, n in self.axis_sizes.items())
+        modes = f"tensor_mode={self.tensor_mode} seq_mode={self.seq_mode} zero={self.zero}"
+        return f"mesh {axes} ({self.size} devices); {modes}"
+
+    def validate(self, n_devices: int | None = None) -> None:
+        for a, n in self.axis_sizes.items():
+            if not isinstance(n, int) or n < 1:
+                raise ConfigError(f"mesh axis {a}={n!r} must be a positive integer")
+        if self.tensor_mode not in TENSOR_MODES:
+            raise ConfigError(_choice("--tensor-mode", self.tensor_mode, TENSOR_MODES))
+        if self.seq_mode not in SEQ_MODES:
+            raise ConfigError(_choice("--seq-mode", self.seq_mode, SEQ_MODES))
+        if self.zero not in (0, 1):
+            raise ConfigError(f"--zero {self.zero} is not supported; use 0 or 1")
+        if self.pipe != 1:
+            raise ConfigError(
+                f"pipe={self.pipe}: pipeline parallelism is not implemented yet; use pipe=1"
+            )
+        if n_devices is not None and self.size != n_devices:
+            raise ConfigError(
+                f"the mesh {self.short()} has {self.size} devices but {n_devices} are available; "
+                f"make the axis sizes multiply to {n_devices} (e.g. data={n_devices})"
+            )
+        r, c, d = self.tensor_row, self.tensor_col, self.tensor_depth
+        mode = self.tensor_mode
+        if mode == "none" and self.tensor_size > 1:
+            raise ConfigError(
+                f"tensor axes {self.short(('tensor_row', 'tensor_col', 'tensor_depth'))} are set "
+                "but --tensor-mode is none; pass --tensor-mode 1d|2d|2.5d|3d"
+            )
+        if mode == "2d" and (r != c or d != 1):
+            raise ConfigError(
+                f"2d needs a square grid tensor_row == tensor_col and tensor_depth=1, got "
+                f"tensor_row={r}, tensor_col={c}, tensor_depth={d}; e.g. tensor_row=2,tensor_col=2"
+            )
+        if mode == "2.5d" and r != c:
+            raise ConfigError(
+                f"2.5d needs tensor_row == tensor_col (a q×q grid stacked tensor_depth times), got "
+                f"tensor_row={r}, tensor_col={c}"
+            )
+        if mode == "3d" and not (r == c == d):
+            raise ConfigError(
+                f"3d needs a cube tensor_row == tensor_col == tensor_depth, got {r}×{c}×{d}; "
+                "e.g. tensor=8 gives 2×2×2"
+            )
+        if self.seq_mode == "none" and self.seq > 1:
+            raise ConfigError(
+                f"seq={self.seq} but --seq-mode is none; pass --seq-mode ring|ulysses|"
+                "ring-self-attention"
+            )
+
+    def short(self, axes: tuple[str, ...] = AXES) -> str:
+        return ",".join(f"{a}={getattr(self, a)}" for a in axes if getattr(self, a) != 1) or "1"
+
+
+def _choice(flag: str, value: Any, valid: tuple[str, ...]) -> str:
+    return f"{flag} {value!r} is not one of {', '.join(valid)}"
+
+
+def _factor_tensor(total: int, mode: str, depth: int | None) -> dict[str, int]:
+    """Split the shorthand ``tensor=N`` into tensor_row/col/depth for ``mode``."""
+    if mode in ("none", "1d"):
+        if mode == "none" and total > 1:
+            raise ConfigError(f"tensor={total} needs --tensor-mode 1d|2d|2.5d|3d")
+        return {"tensor_row": total}
+    if mode == "2d":
+        q = math.isqrt(total)
+        if q * q != total:
+            raise ConfigError(
+                f"tensor={total} is not a square, as 2d needs (q×q); use tensor={q * q} or "
+                f"{(q + 1) ** 2}"
+            )
+        return {"tensor_row": q, "tensor_col": q}
+    if mode == "2.5d":
+        d = depth or 1
+        if total % d:
+            raise ConfigError(f"tensor={total} is not divisible by --tensor-depth {d}")
+        q = math.isqrt(total // d)
+        if q * q * d != total:
+            raise ConfigError(
+                f"tensor={total} is not q×q×{d} for any q; 2.5d needs tensor = q²·depth "
+                f"(e.g. tensor={4 * d} for q=2)"
+            )
+        return {"tensor_row": q, "tensor_col": q, "tensor_depth": d}
+    if mode == "3d":
+        q = round(total ** (1 / 3))
+        if q**3 != total:
+            raise ConfigError(f"tensor={total} is not a cube, as 3d needs (q×q×q); use 8 or 64")
+        return {"tensor_row": q, "tensor_col": q, "tensor_depth": q}
+    raise ConfigError(_choice("--tensor-mode", mode, TENSOR_MODES))
+
+
+def parse_mesh(
+    spec: str | None,
+    n_devices: int,
+    *,
+    tensor_mode: str = "none",
+    tensor_depth: int | None = None,
+) -> dict[str, int]:
+    """Parse ``--mesh``: ``data=2,tensor_row=2``, a preset name from ``meshes/``, or a TOML path.
+
+    Hyphenated spellings (``tensor-row``) are accepted; ``tensor=N`` is a shorthand factored by
+    the tensor mode. Unnamed axes are 1, except ``data``, which takes the remaining devices.
+    Returns the axis sizes, plus ``tensor_mode``/``seq_mode``/``zero`` if a preset sets them.
+    """
+    if spec is None or spec.strip() == "":
+        return {"data": n_devices}
+    preset = _preset_path(spec)
+    if preset is not None:
+        return _load_preset(preset, n_devices)
+    sizes: dict[str, int] = {}
+    tensor_total: int | None = None
+    for part in spec.split(","):
+        part = part.strip()
+        if not part:
+            continue
+        if "=" not in part:
+            raise ConfigError(
+                f"--mesh entry {part!r} is not axis=size (e.g. data=2,tensor_row=4), nor a preset "
+                f"in {MESHES_DIR} ({', '.join(list_presets()) or 'none'})"
+            )
+        name, value = (s.strip() for s in part.split("=", 1))
+        name = name.replace("-", "_")
+        try:
+            n = int(value)
+        except ValueError:
+            raise ConfigError(f"--mesh {name}={value!r}: the size must be an integer") from None
+        if n < 1:
+            raise ConfigError(f"--mesh {name}={n}: sizes must be at least 1")
+        if name == "tensor":
+            tensor_total = n
+            continue
+        if name not in AXES:
+            import difflib
+
+            close = difflib.get_close_matches(name, AXES + ("tensor",), n=1)
+            hint = f"did you mean {close[0]!r}? " if close else ""
+            raise ConfigError(
+                f"--mesh axis {name!r} is unknown; {hint}valid axes: {', '.join(AXES)} (or tensor)"
+            )
+        if name in sizes:
+            raise ConfigError(f"--mesh names axis {name!r} twice")
+        sizes[name] = n
+    if tensor_total is not None:
+        given = [a for a in ("tensor_row", "tensor_col", "tensor_depth") if a in sizes]
+        if given:
+            raise ConfigError(f"--mesh gives both tensor= and {given[0]}=; use one or the other")
+        sizes.update(_factor_tensor(tensor_total, tensor_mode, tensor_depth))
+    if "data" not in sizes:
+        rest = math.prod(sizes.values())
+        if n_devices % rest:
+            raise ConfigError(
+                f"--mesh {spec} uses {rest} devices per data replica, which does not divide the "
+                f"{n_devices} devices; choose sizes whose product divides {n_devices}"
+            )
+        sizes["data"] = n_devices // rest
+    return sizes
+
+
+def list_presets() -> list[str]:
+    return sorted(p.stem for p in MESHES_DIR.glob("*.toml"))
+
+
+def _preset_path(spec: str) -> Path | None:
+    if spec.endswith(".toml"):
+        path = Path(spec)
+        if not path.is_file():
+            raise ConfigError(f"--mesh {spec}: no such TOML file")
+        return path
+    if "=" not in spec and "," not in spec:
+        path = MESHES_DIR / f"{spec}.toml"
+        if path.is_file():
+            return path
+        raise ConfigError(
+            f"--mesh {spec!r} is neither axis=size pairs nor a preset; presets: "
+            f"{', '.join(list_presets())}"
+        )
+    return None
+
+
+def _load_preset(path: Path, n_devices: int) -> dict[str, Any]:
+    try:
+        doc = tomllib.loads(path.read_text())
+    except tomllib.TOMLDecodeError as e:
+        raise ConfigError(f"--mesh {path}: not valid TOML ({e})") from None
+    mesh = doc.get("mesh", {})
+    spec = ",".join(f"{k}={v}" for k, v in mesh.items())
+    modes = doc.get("modes", {})
+    out: dict[str, Any] = parse_mesh(
+        spec or None,
+        n_devices,
+        tensor_mode=modes.get("tensor_mode", "none"),
+        tensor_depth=modes.get("tensor_depth"),
+    )
+    for key in ("tensor_mode", "seq_mode", "zero"):
+        if key in modes:
+            out[key] = modes[key]
+    return out
+
+
+# ---- model / optimizer / training -------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class OptimConfig:
+    """Optimizer and schedule.
+
+    Attributes:
+      name: adamw | lamb | lars | sgd (all from optax).
+      lr: peak learning rate after warm-up.
+      warmup_steps: linear warm-up from 0; then cosine decay to ``min_lr_ratio·lr`` at the end.
+      min_lr_ratio: final learning rate as a fraction of the peak.
+      weight_decay: decoupled weight decay (not applied to biases and norm scales).
+      b1, b2, eps: Adam/LAMB moments; ``b1`` is the momentum of sgd/lars.
+      clip_norm: global-norm gradient clipping threshold (0 disables).
+      lars_trust: LARS trust coefficient η.
+    """
+
+    name: str = "adamw"
+    lr: float = 3e-3
+    warmup_steps: int = 20
+    min_lr_ratio: float = 0.1
+    weight_decay: float = 0.01
+    b1: float = 0.9
+    b2: float = 0.95
+    eps: float = 1e-8
+    clip_norm: float = 1.0
+    lars_trust: float = 0.001
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """One training run.
+
+    Attributes:
+      model: a name from ``models.gpt.MODELS``.
+      model_overrides: ``field -> value`` applied to the named model config.
+      steps: total optimizer steps of the run (a resumed run stops where an uninterrupted one would).
+      batch_size: global batch in sequences, whatever the mesh.
+      seq_len: tokens per sequence.
+      precision: fp32 | bf16 (bf16 compute, fp32 master weights and optimizer state).
+      seed: seeds parameter init and the data order.
+      data: ``stdlib`` (embedded corpus), ``synthetic``, or a path to a text or ``.npy`` file.
+      checkpoint_dir, checkpoint_every: orbax checkpoints (every N steps and at the end).
+      metrics_file: JSON lines, one record per step. tensorboard_dir: TensorBoard event files.
+      devices: use the first N devices (default: all).
+    """
+
+    model: str = "gpt2-tiny"
+    model_overrides: dict[str, Any] = field(default_factory=dict)
+    steps: int = 150
+    batch_size: int = 16
+    seq_len: int = 128
+    precision: str = "fp32"
+    seed: int = 0
+    data: str = "stdlib"
+    checkpoint_dir: str | None = None
+    checkpoint_every: int = 50
+    metrics_file: str | None = None
+    tensorboard_dir: str | None = None
+    log_every: int = 1
+    devices: int | None = None
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    parallel: ParallelConfig = field(default_factory=ParallelConfig)
+
+    def validate(self) -> None:
+        if self.steps < 1:
+            raise ConfigError(f"--steps {self.steps} must be at least 1 (e.g. --steps 100)")
+        if self.batch_size < 1:
+            raise ConfigError(f"--batch-size {self.batch_size} must be at least 1")
+        if self.seq_len < 2:
+            raise ConfigError(f"--seq-len {self.seq_len} must be at least 2")
+        if self.precision not in PRECISIONS:
+            raise ConfigError(_choice("--precision", self.precision, PRECISIONS))
+        if self.optim.name not in OPTIMIZERS:
+            raise ConfigError(_choice("--optimizer", self.optim.name, OPTIMIZERS))
+        if self.optim.lr <= 0:
+            raise ConfigError(f"--lr {self.optim.lr} must be positive (e.g. --lr 3e-3)")
+        if self.checkpoint_every < 1:
+            raise ConfigError(f"--checkpoint-every {self.checkpoint_every} must be at least 1")
+        if self.checkpoint_dir is not None:
+            p = Path(self.checkpoint_dir)
+            if p.exists() and not p.is_dir():
+                raise ConfigError(
+                    f"--checkpoint-dir {self.checkpoint_dir} exists and is not a directory; "
+                    "name a new or existing directory"
+                )
+        for flag, f in (("--metrics-file", self.metrics_file),):
+            if f is not None and Path(f).is_dir():
+                raise ConfigError(f"{flag} {f} is a directory; name a file")
+
+
+def coerce(value: str, annotation: Any) -> Any:
+    """Convert a ``--set`` string to the type of a dataclass field."""
+    if isinstance(annotation, str):
+        annotation = {"int": int, "float": float, "str": str, "bool": bool}.get(
+            annotation.split("|")[0].strip(), str
+        )
+    origin = typing.get_origin(annotation)
+    if origin in (typing.Union, types.UnionType):
+        args = [a for a in typing.get_args(annotation) if a is not type(None)]
+        if value.lower() in ("none", "null"):
+            return None
+        annotation = args[0]
+    if annotation is bool:
+        if value.lower() in ("1", "true", "yes", "on"):
+            return True
+        if value.lower() in ("0", "false", "no", "off"):
+            return False
+        raise ConfigError(f"{value!r} is not a boolean (use true or false)")
+    if annotation in (int, float, str):
+        try:
+            return annotation(float(value)) if annotation is int and "e" in value else annotation(
+                value
+            )
+        except ValueError:
+            raise ConfigError(f"{value!r} is not a valid {annotation.__name__}") from None
+    return value
+
+
+def field_types(cls: type) -> dict[str, Any]:
+    hints = typing.get_type_hints(cls)
+    return {f.name: hints[f.name] for f in dataclasses.fields(cls)}

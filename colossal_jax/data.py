@@ -1,0 +1,130 @@
+"""Training data: an embedded default corpus, a byte-level tokenizer, user files, synthetic tokens.
+
+The default corpus needs no download: it is the source of the Python standard library of the
+running interpreter (read from disk in a fixed order). Batches are a pure function of
+``(seed, step)``, so a run resumed at step ``k`` sees exactly the batches an uninterrupted run
+would; the checkpointed data position is the step itself.
+"""
+
+from __future__ import annotations
+
+import sysconfig
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from colossal_jax.config import ConfigError
+
+BYTE_VOCAB = 256
+DEFAULT_CORPUS_BYTES = 4 * 2**20
+
+
+def encode(text: str | bytes) -> np.ndarray:
+    """Byte-level tokenizer: UTF-8 bytes are the token ids (vocabulary 256)."""
+    data = text.encode("utf-8") if isinstance(text, str) else text
+    return np.frombuffer(data, dtype=np.uint8).astype(np.int32)
+
+
+def decode(ids) -> str:
+    return bytes(int(i) for i in ids).decode("utf-8", errors="replace")
+
+
+def stdlib_corpus(max_bytes: int = DEFAULT_CORPUS_BYTES) -> bytes:
+    """The Python standard library's own ``.py`` sources, sorted by path, up to ``max_bytes``."""
+    root = Path(sysconfig.get_paths()["stdlib"])
+    chunks: list[bytes] = []
+    total = 0
+    for path in sorted(root.rglob("*.py")):
+        if "site-packages" in path.parts or "test" in path.parts:
+            continue
+        try:
+            data = path.read_bytes()
+        except OSError:
+            continue
+        chunks.append(data)
+        total += len(data)
+        if total >= max_bytes:
+            break
+    corpus = b"\n".join(chunks)[:max_bytes]
+    if len(corpus) < 1024:
+        raise ConfigError(f"the standard library at {root} is too small to train on")
+    return corpus
+
+
+@dataclass(frozen=True)
+class Corpus:
+    """A token stream and its vocabulary size (``tokens is None`` for synthetic data)."""
+
+    name: str
+    tokens: np.ndarray | None
+    vocab_size: int | None
+
+
+def load_corpus(spec: str) -> Corpus:
+    """``stdlib`` (default, embedded), ``synthetic``, a ``.npy`` token file, or a text file."""
+    if spec == "stdlib":
+        return Corpus("python-stdlib", encode(stdlib_corpus()), BYTE_VOCAB)
+    if spec == "synthetic":
+        return Corpus("synthetic", None, None)
+    path = Path(spec)
+    if not path.is_file():
+        raise ConfigError(
+            f"--data {spec!r} is not a file; use stdlib, synthetic, a text file or a .npy file"
+        )
+    if path.suffix == ".npy":
+        tokens = np.load(path, mmap_mode="r")
+        if tokens.ndim != 1 or not np.issubdtype(tokens.dtype, np.integer):
+            raise ConfigError(f"--data {spec}: expected a 1-D integer token array")
+        return Corpus(path.name, np.asarray(tokens, dtype=np.int32), int(tokens.max()) + 1)
+    return Corpus(path.name, encode(path.read_bytes()), BYTE_VOCAB)
+
+
+@dataclass(frozen=True)
+class Batches:
+    """Deterministic, resumable batches of next-token prediction.
+
+    ``batch(step)`` returns numpy arrays ``[batch_size, seq_len]``: ``tokens``, ``targets``
+    (tokens shifted by one), ``positions`` and ``weights`` (1.0 for every real token). With a
+    ``layout_order`` (a permutation of ``range(seq_len)``, e.g. the zigzag order of ring
+    attention) all four are laid out in that order along the sequence.
+    """
+
+    corpus: Corpus
+    batch_size: int
+    seq_len: int
+    seed: int
+    vocab_size: int
+    layout_order: np.ndarray | None = None
+
+    def __post_init__(self):
+        toks = self.corpus.tokens
+        if toks is not None and len(toks) < self.seq_len + 2:
+            raise ConfigError(
+                f"the corpus {self.corpus.name} has {len(toks)} tokens, fewer than "
+                f"--seq-len {self.seq_len} + 2"
+            )
+        if self.corpus.vocab_size is not None and self.corpus.vocab_size > self.vocab_size:
+            raise ConfigError(
+                f"the data has token ids up to {self.corpus.vocab_size - 1} but model.vocab_size "
+                f"is {self.vocab_size}; set --set model.vocab_size={self.corpus.vocab_size}"
+            )
+
+    def batch(self, step: int) -> dict[str, np.ndarray]:
+        rng = np.random.default_rng([self.seed, step])
+        b, s = self.batch_size, self.seq_len
+        if self.corpus.tokens is None:
+            seqs = rng.integers(0, self.vocab_size, size=(b, s + 1), dtype=np.int32)
+        else:
+            starts = rng.integers(0, len(self.corpus.tokens) - s - 1, size=b)
+            idx = starts[:, None] + np.arange(s + 1)[None, :]
+            seqs = self.corpus.tokens[idx]
+        out = {
+            "tokens": seqs[:, :-1].astype(np.int32),
+            "targets": seqs[:, 1:].astype(np.int32),
+            "positions": np.broadcast_to(np.arange(s, dtype=np.int32), (b, s)).copy(),
+            "weights": np.ones((b, s), np.float32),
+        }
+        if self.layout_order is not None:
+            out = {k: np.ascontiguousarray(v[:, self.layout_order]) for k, v in out.items()}
+        return out

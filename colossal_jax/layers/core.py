@@ -1,0 +1,110 @@
+"""The only layers models use: Dense, LayerNorm, Embed, SelfAttention, MLP.
+
+Each parameter is created with a ``role`` that the sharding rules map to the active layout's
+PartitionSpec, and each call is routed to the active layout's kernel. ``kind="in"`` linears go
+from the hidden size to a wider one (QKV, MLP up, LM head), ``kind="out"`` back to the hidden size.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from colossal_jax.layers.context import active
+from colossal_jax.tensor.layout import LinearKind
+
+_normal = jax.nn.initializers.normal
+
+
+class Dense(nnx.Module):
+    """``y = x @ W + b`` with ``W: [in, out]``; ``kind`` says which way the layer maps."""
+
+    def __init__(
+        self,
+        in_features: int,
+        out_features: int,
+        *,
+        kind: LinearKind,
+        rngs: nnx.Rngs,
+        use_bias: bool = True,
+        init_std: float = 0.02,
+    ):
+        self.kind = kind
+        self.kernel = nnx.Param(
+            _normal(init_std)(rngs.params(), (in_features, out_features), jnp.float32),
+            role=f"weight_{kind}",
+        )
+        self.bias = (
+            nnx.Param(jnp.zeros((out_features,), jnp.float32), role=f"bias_{kind}")
+            if use_bias
+            else None
+        )
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        b = None if self.bias is None else self.bias.value
+        return active().layout.linear(x, self.kernel.value, b, self.kind)
+
+
+class LayerNorm(nnx.Module):
+    """LayerNorm over the hidden dimension (split or not, as the layout has it)."""
+
+    def __init__(self, features: int, *, eps: float = 1e-5):
+        self.eps = eps
+        self.scale = nnx.Param(jnp.ones((features,), jnp.float32), role="norm")
+        self.bias = nnx.Param(jnp.zeros((features,), jnp.float32), role="norm")
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        return active().layout.layer_norm(x, self.scale.value, self.bias.value, self.eps)
+
+
+class Embed(nnx.Module):
+    """A lookup table ``[num, features]`` (token or learned-position embedding)."""
+
+    def __init__(self, num: int, features: int, *, rngs: nnx.Rngs, init_std: float = 0.02):
+        self.table = nnx.Param(
+            _normal(init_std)(rngs.params(), (num, features), jnp.float32), role="embedding"
+        )
+
+    def __call__(self, ids: jax.Array) -> jax.Array:
+        return active().layout.embed(ids, self.table.value)
+
+
+class SelfAttention(nnx.Module):
+    """Multi-head self-attention; the attention kernel comes from the sequence mode."""
+
+    def __init__(self, hidden: int, heads: int, *, rngs: nnx.Rngs, out_std: float = 0.02):
+        self.heads = heads
+        self.query = Dense(hidden, hidden, kind="in", rngs=rngs)
+        self.key = Dense(hidden, hidden, kind="in", rngs=rngs)
+        self.value = Dense(hidden, hidden, kind="in", rngs=rngs)
+        self.out = Dense(hidden, hidden, kind="out", rngs=rngs, init_std=out_std)
+
+    def __call__(self, x: jax.Array, positions: jax.Array) -> jax.Array:
+        par = active()
+        o = par.layout.attention(
+            self.query(x),
+            self.key(x),
+            self.value(x),
+            positions,
+            heads=self.heads,
+            local_attention=par.local_attention,
+        )
+        return self.out(o)
+
+
+class MLP(nnx.Module):
+    """``h -> width -> h`` with GeLU (tanh approximation, as GPT-2)."""
+
+    def __init__(self, hidden: int, width: int, *, rngs: nnx.Rngs, out_std: float = 0.02):
+        self.up = Dense(hidden, width, kind="in", rngs=rngs)
+        self.down = Dense(width, hidden, kind="out", rngs=rngs, init_std=out_std)
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        return self.down(jax.nn.gelu(self.up(x), approximate=True))
+
+
+def cross_entropy(logits: jax.Array, targets: jax.Array, weights: jax.Array) -> jax.Array:
+    """Mean token cross-entropy of wide-layout logits (vocabulary-parallel where split)."""
+    total, count = active().layout.cross_entropy(logits, targets, weights)
+    return total / jnp.maximum(count, 1.0)

@@ -1,0 +1,24 @@
+"""Build the one 6-axis device mesh from a :class:`ParallelConfig`.
+
+Axis order of the physical mesh is :data:`colossal_jax.config.MESH_ORDER`: ``data`` outermost (it
+crosses hosts and carries only the gradient all-reduce), tensor axes innermost (they carry the
+most traffic and belong on the fastest links). ``jax.make_mesh`` lays devices out in that order,
+respecting the hardware topology and process boundaries on multi-host systems.
+"""
+
+from __future__ import annotations
+
+import jax
+from jax.sharding import AxisType, Mesh
+
+from colossal_jax.config import MESH_ORDER, ParallelConfig
+
+
+def build_mesh(cfg: ParallelConfig, devices: list | None = None) -> Mesh:
+    """The mesh for ``cfg`` over ``devices`` (default: all devices of all processes)."""
+    devices = list(jax.devices()) if devices is None else list(devices)
+    cfg.validate(len(devices))
+    shape = tuple(getattr(cfg, a) for a in MESH_ORDER)
+    return jax.make_mesh(
+        shape, MESH_ORDER, axis_types=(AxisType.Auto,) * len(MESH_ORDER), devices=devices
+    )

@@ -1,0 +1,143 @@
+"""From a :class:`ParallelConfig` to the layout that splits the model, and the shardings of
+parameters (by their role) and of optimizer state (with ZeRO).
+
+Every parameter created by the library's layers carries a ``role`` (``weight_in``,
+``weight_out``, ``bias_in``, ``bias_out``, ``norm``, ``embedding``); the active layout maps each
+role to a ``PartitionSpec``. Optimizer-state leaves that mirror a parameter (Adam moments, momenta)
+keep that role, so they get the same spec — plus ``data`` under ZeRO-1.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+
+import jax
+from flax import nnx
+from jax.sharding import Mesh, NamedSharding
+from jax.sharding import PartitionSpec as P
+
+from colossal_jax.config import ConfigError, ParallelConfig
+from colossal_jax.tensor.layout import ActivationAxes, LocalAttention, TensorLayout
+from colossal_jax.tensor.replicated import ReplicatedLayout
+
+
+def make_layout(cfg: ParallelConfig, mesh: Mesh) -> TensorLayout:
+    """The tensor layout of ``cfg.tensor_mode`` on ``mesh``."""
+    act = ActivationAxes(batch=("data",), seq="seq")
+    mode = cfg.tensor_mode
+    if mode == "none":
+        return ReplicatedLayout(mesh, act)
+    if mode == "1d":
+        from colossal_jax.tensor.one_d import OneDLayout
+
+        return OneDLayout(mesh, act)
+    if mode == "2d":
+        from colossal_jax.tensor.two_d import TwoDLayout
+
+        return TwoDLayout(mesh, act)
+    if mode == "2.5d":
+        from colossal_jax.tensor.two_p5d import TwoP5DLayout
+
+        return TwoP5DLayout(mesh, act)
+    if mode == "3d":
+        from colossal_jax.tensor.three_d import ThreeDLayout
+
+        return ThreeDLayout(mesh, act)
+    raise ConfigError(f"--tensor-mode {mode!r} is unknown")
+
+
+def make_local_attention(cfg: ParallelConfig, *, causal: bool = True) -> LocalAttention:
+    """The per-device attention kernel of ``cfg.seq_mode`` (run inside the layout's shard_map)."""
+    mode = cfg.seq_mode
+    if mode == "none" or cfg.seq == 1:
+        from colossal_jax.sequence.local import dot_product_attention
+
+        return functools.partial(dot_product_attention, causal=causal)
+    if mode == "ring":
+        from colossal_jax.sequence.ring import ring_attention
+
+        return functools.partial(ring_attention, axis_name="seq", causal=causal)
+    if mode == "ulysses":
+        from colossal_jax.sequence.ulysses import ulysses_attention
+
+        return functools.partial(ulysses_attention, axis_name="seq", causal=causal)
+    if mode == "ring-self-attention":
+        from colossal_jax.sequence.ring_self_attention import ring_self_attention
+
+        return functools.partial(ring_self_attention, axis_name="seq", causal=causal)
+    raise ConfigError(f"--seq-mode {mode!r} is unknown")
+
+
+def role_spec(layout: TensorLayout, role: str) -> P:
+    """The PartitionSpec of a parameter with ``role`` under ``layout``."""
+    if role in ("weight_in", "weight_out"):
+        return layout.weight_spec(role.removeprefix("weight_"))  # type: ignore[arg-type]
+    if role in ("bias_in", "bias_out"):
+        return layout.bias_spec(role.removeprefix("bias_"))  # type: ignore[arg-type]
+    if role == "norm":
+        return layout.norm_spec()
+    if role == "embedding":
+        return layout.embedding_spec()
+    raise ValueError(f"parameter role {role!r} has no sharding rule")
+
+
+def _axes_of(entry) -> tuple[str, ...]:
+    if entry is None:
+        return ()
+    return (entry,) if isinstance(entry, str) else tuple(entry)
+
+
+def zero_spec(spec: P, shape: tuple[int, ...], mesh: Mesh, axis: str = "data") -> P:
+    """Add ``axis`` to the first dimension of ``spec`` that still divides by it (ZeRO, Rajbhandari
+    et al. 2020). A tensor with no such dimension stays as it is (replicated over ``axis``)."""
+    n = mesh.shape[axis]
+    entries = list(spec) + [None] * (len(shape) - len(spec))
+    if n == 1 or any(axis in _axes_of(e) for e in entries):
+        return P(*entries)
+    for dim, entry in enumerate(entries):
+        axes = _axes_of(entry)
+        split = 1
+        for a in axes:
+            split *= mesh.shape[a]
+        if shape[dim] % (split * n) == 0:
+            new = (*axes, axis)
+            entries[dim] = new[0] if len(new) == 1 else new
+            return P(*entries)
+    return P(*entries)
+
+
+def is_variable(x) -> bool:
+    return isinstance(x, nnx.Variable)
+
+
+def tree_shardings(
+    tree, layout: TensorLayout, *, zero_axis: str | None = None
+) -> object:
+    """A NamedSharding for every leaf of ``tree`` (an nnx State, or an optimizer state holding
+    nnx Variables). Variables get their role's spec (+ ZeRO ``zero_axis``); other leaves
+    (step counters, scalars) are replicated."""
+    mesh = layout.mesh
+
+    def one(leaf):
+        if is_variable(leaf):
+            role = leaf.get_metadata().get("role")
+            if role is None:
+                return NamedSharding(mesh, P())
+            spec = role_spec(layout, role)
+            if zero_axis is not None:
+                spec = zero_spec(spec, tuple(leaf.value.shape), mesh, zero_axis)
+            return NamedSharding(mesh, spec)
+        return NamedSharding(mesh, P())
+
+    return jax.tree.map(one, tree, is_leaf=is_variable)
+
+
+def param_specs(state, layout: TensorLayout):
+    """PartitionSpecs (not shardings) of an nnx State under ``layout``."""
+    return jax.tree.map(
+        lambda s: s.spec, tree_shardings(state, layout), is_leaf=lambda x: isinstance(x, NamedSharding)
+    )
+
+
+ShardingFn = Callable[[object], object]

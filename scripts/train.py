@@ -1,0 +1,18 @@
+#!/usr/bin/env python
+"""Train a GPT: `python scripts/train.py --help` lists the flags.
+
+Examples:
+  python scripts/train.py                                   # gpt2-tiny, 8 simulated CPU devices
+  python scripts/train.py --mesh data=2,tensor=4 --tensor-mode 1d
+  python scripts/train.py --checkpoint-dir /tmp/run1        # re-run the same command to resume
+"""
+
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from colossal_jax.cli import main  # noqa: E402  (imports no JAX: --devices sets XLA_FLAGS first)
+
+if __name__ == "__main__":
+    sys.exit(main())
