@@ -69,7 +69,13 @@ class Checkpointer:
 
 
 def abstract_like(tree: Any, shardings: Any) -> Any:
-    """``ShapeDtypeStruct``s of ``tree`` placed in ``shardings`` (a restore target)."""
-    return jax.tree.map(
-        lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), tree, shardings
-    )
+    """``ShapeDtypeStruct``s of ``tree`` placed in ``shardings`` (a restore target).
+
+    ``shardings`` may be a prefix of ``tree`` (one sharding for a whole subtree)."""
+
+    def place(sharding, subtree):
+        return jax.tree.map(
+            lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sharding), subtree
+        )
+
+    return jax.tree.map(place, shardings, tree, is_leaf=lambda s: isinstance(s, jax.sharding.Sharding))
