@@ -126,7 +126,7 @@ def tree_shardings(
                 return NamedSharding(mesh, P())
             spec = role_spec(layout, role)
             if zero_axis is not None:
-                spec = zero_spec(spec, tuple(leaf.value.shape), mesh, zero_axis)
+                spec = zero_spec(spec, tuple(leaf.get_value().shape), mesh, zero_axis)
             return NamedSharding(mesh, spec)
         return NamedSharding(mesh, P())
 

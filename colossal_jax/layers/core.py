@@ -42,8 +42,8 @@ class Dense(nnx.Module):
         )
 
     def __call__(self, x: jax.Array) -> jax.Array:
-        b = None if self.bias is None else self.bias.value
-        return active().layout.linear(x, self.kernel.value, b, self.kind)
+        b = None if self.bias is None else self.bias[...]
+        return active().layout.linear(x, self.kernel[...], b, self.kind)
 
 
 class LayerNorm(nnx.Module):
@@ -55,7 +55,7 @@ class LayerNorm(nnx.Module):
         self.bias = nnx.Param(jnp.zeros((features,), jnp.float32), role="norm")
 
     def __call__(self, x: jax.Array) -> jax.Array:
-        return active().layout.layer_norm(x, self.scale.value, self.bias.value, self.eps)
+        return active().layout.layer_norm(x, self.scale[...], self.bias[...], self.eps)
 
 
 class Embed(nnx.Module):
@@ -67,7 +67,7 @@ class Embed(nnx.Module):
         )
 
     def __call__(self, ids: jax.Array) -> jax.Array:
-        return active().layout.embed(ids, self.table.value)
+        return active().layout.embed(ids, self.table[...])
 
 
 class SelfAttention(nnx.Module):
