@@ -167,8 +167,8 @@ def main(argv: list[str] | None = None) -> int:
         import jax
 
         if args.coordinator is not None:
-            if jax.default_backend() == "cpu" or os.environ.get("JAX_PLATFORMS") == "cpu":
-                jax.config.update("jax_cpu_collectives_implementation", "gloo")
+            # CPU collectives across processes; has no effect on GPU/TPU backends
+            jax.config.update("jax_cpu_collectives_implementation", "gloo")
             jax.distributed.initialize(
                 coordinator_address=args.coordinator,
                 num_processes=args.num_processes,
