@@ -78,4 +78,6 @@ def abstract_like(tree: Any, shardings: Any) -> Any:
             lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sharding), subtree
         )
 
-    return jax.tree.map(place, shardings, tree, is_leaf=lambda s: isinstance(s, jax.sharding.Sharding))
+    return jax.tree.map(
+        place, shardings, tree, is_leaf=lambda s: isinstance(s, jax.sharding.Sharding)
+    )

@@ -43,12 +43,20 @@ def build_parser() -> argparse.ArgumentParser:
     )
     a = p.add_argument
     a("--model", default=d.model, help="model name (see --list-models)")
-    a("--mesh", default=None,
-      help="axis sizes like data=2,tensor_row=2 (tensor=N is factored by --tensor-mode), a preset "
-           f"name ({', '.join(list_presets())}) or a TOML path; default: data=all devices")
-    a("--devices", type=int, default=None,
-      help=f"devices to use; on a CPU, simulate this many (default {DEFAULT_CPU_DEVICES} on CPU, "
-           "all on GPU)")
+    a(
+        "--mesh",
+        default=None,
+        help="axis sizes like data=2,tensor_row=2 (tensor=N is factored by --tensor-mode), "
+        "a preset "
+        f"name ({', '.join(list_presets())}) or a TOML path; default: data=all devices",
+    )
+    a(
+        "--devices",
+        type=int,
+        default=None,
+        help=f"devices to use; on a CPU, simulate this many (default {DEFAULT_CPU_DEVICES} on CPU, "
+        "all on GPU)",
+    )
     a("--tensor-mode", default=None, help=f"one of {', '.join(TENSOR_MODES)}")
     a("--tensor-depth", type=int, default=None, help="depth d of 2.5d when using --mesh tensor=N")
     a("--seq-mode", default=None, help=f"one of {', '.join(SEQ_MODES)}")
@@ -68,8 +76,13 @@ def build_parser() -> argparse.ArgumentParser:
     a("--tensorboard-dir", default=None)
     a("--checkpoint-dir", default=None, help="save here; re-run the same command to resume")
     a("--checkpoint-every", type=int, default=d.checkpoint_every)
-    a("--set", action="append", default=[], metavar="KEY=VALUE",
-      help="override any field: model.n_layer=2, optim.b2=0.99, steps=10, parallel.zero=1")
+    a(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override any field: model.n_layer=2, optim.b2=0.99, steps=10, parallel.zero=1",
+    )
     a("--no-progress", action="store_true", help="no progress bar")
     a("--coordinator", default=None, help="multi-process: coordinator host:port")
     a("--num-processes", type=int, default=None)
@@ -127,7 +140,9 @@ def _apply_sets(cfg: TrainConfig, sets: list[str]) -> TrainConfig:
 
 def config_from_args(args, n_devices: int) -> TrainConfig:
     mesh = parse_mesh(
-        args.mesh, n_devices, tensor_mode=args.tensor_mode or "none",
+        args.mesh,
+        n_devices,
+        tensor_mode=args.tensor_mode or "none",
         tensor_depth=args.tensor_depth,
     )
     modes = {k: mesh.pop(k) for k in ("tensor_mode", "seq_mode", "zero") if k in mesh}
@@ -141,15 +156,26 @@ def config_from_args(args, n_devices: int) -> TrainConfig:
         modes["seq_mode"] = "ring"
     parallel = ParallelConfig(**mesh, **modes)
     optim = OptimConfig(
-        name=args.optimizer, lr=args.lr, warmup_steps=args.warmup_steps,
-        weight_decay=args.weight_decay, clip_norm=args.clip_norm,
+        name=args.optimizer,
+        lr=args.lr,
+        warmup_steps=args.warmup_steps,
+        weight_decay=args.weight_decay,
+        clip_norm=args.clip_norm,
     )
     cfg = TrainConfig(
-        model=args.model, steps=args.steps, batch_size=args.batch_size, seq_len=args.seq_len,
-        precision=args.precision, seed=args.seed, data=args.data,
-        checkpoint_dir=args.checkpoint_dir, checkpoint_every=args.checkpoint_every,
-        metrics_file=args.metrics_file, tensorboard_dir=args.tensorboard_dir,
-        optim=optim, parallel=parallel,
+        model=args.model,
+        steps=args.steps,
+        batch_size=args.batch_size,
+        seq_len=args.seq_len,
+        precision=args.precision,
+        seed=args.seed,
+        data=args.data,
+        checkpoint_dir=args.checkpoint_dir,
+        checkpoint_every=args.checkpoint_every,
+        metrics_file=args.metrics_file,
+        tensorboard_dir=args.tensorboard_dir,
+        optim=optim,
+        parallel=parallel,
     )
     cfg = _apply_sets(cfg, args.set)
     cfg.parallel.validate(n_devices)
@@ -178,8 +204,10 @@ def main(argv: list[str] | None = None) -> int:
             from models.gpt import MODELS
 
             for name, m in MODELS.items():
-                print(f"{name:12s} layers={m.n_layer:3d} hidden={m.n_embd:6d} heads={m.n_head:3d}"
-                      f" params≈{m.matmul_params() / 1e6:,.0f}M")
+                print(
+                    f"{name:12s} layers={m.n_layer:3d} hidden={m.n_embd:6d} heads={m.n_head:3d}"
+                    f" params≈{m.matmul_params() / 1e6:,.0f}M"
+                )
             return 0
         available = jax.device_count()
         n = available

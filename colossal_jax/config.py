@@ -307,7 +307,7 @@ class TrainConfig:
     Attributes:
       model: a name from ``models.gpt.MODELS``.
       model_overrides: ``field -> value`` applied to the named model config.
-      steps: total optimizer steps of the run (a resumed run stops where an uninterrupted one would).
+      steps: total optimizer steps (a resumed run stops where an uninterrupted one would).
       batch_size: global batch in sequences, whatever the mesh.
       seq_len: tokens per sequence.
       precision: fp32 | bf16 (bf16 compute, fp32 master weights and optimizer state).
@@ -382,8 +382,10 @@ def coerce(value: str, annotation: Any) -> Any:
         raise ConfigError(f"{value!r} is not a boolean (use true or false)")
     if annotation in (int, float, str):
         try:
-            return annotation(float(value)) if annotation is int and "e" in value else annotation(
-                value
+            return (
+                annotation(float(value))
+                if annotation is int and "e" in value
+                else annotation(value)
             )
         except ValueError:
             raise ConfigError(f"{value!r} is not a valid {annotation.__name__}") from None

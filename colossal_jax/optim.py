@@ -44,7 +44,9 @@ class LarsState(NamedTuple):
     pass
 
 
-def scale_by_lars(weight_decay: float, trust: float, eps: float = 0.0) -> optax.GradientTransformation:
+def scale_by_lars(
+    weight_decay: float, trust: float, eps: float = 0.0
+) -> optax.GradientTransformation:
     """Per tensor: ``g ← trust · ‖w‖ / (‖g‖ + λ‖w‖) · (g + λw)`` (the LARS paper's local rate).
 
     The ratio is 1 (``g ← g + λw``) where ``‖w‖`` or ``‖g‖`` is 0. Apply under ``optax.masked``
@@ -79,8 +81,14 @@ def make_optimizer(cfg: OptimConfig, total_steps: int) -> optax.GradientTransfor
         parts.append(optax.clip_by_global_norm(cfg.clip_norm))
     if cfg.name == "adamw":
         parts.append(
-            optax.adamw(lr, b1=cfg.b1, b2=cfg.b2, eps=cfg.eps, weight_decay=cfg.weight_decay,
-                        mask=matrix_mask)
+            optax.adamw(
+                lr,
+                b1=cfg.b1,
+                b2=cfg.b2,
+                eps=cfg.eps,
+                weight_decay=cfg.weight_decay,
+                mask=matrix_mask,
+            )
         )
     elif cfg.name == "lamb":
         parts += [

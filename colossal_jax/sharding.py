@@ -111,9 +111,7 @@ def is_variable(x) -> bool:
     return isinstance(x, nnx.Variable)
 
 
-def tree_shardings(
-    tree, layout: TensorLayout, *, zero_axis: str | None = None
-) -> object:
+def tree_shardings(tree, layout: TensorLayout, *, zero_axis: str | None = None) -> object:
     """A NamedSharding for every leaf of ``tree`` (an nnx State, or an optimizer state holding
     nnx Variables). Variables get their role's spec (+ ZeRO ``zero_axis``); other leaves
     (step counters, scalars) are replicated."""
@@ -136,7 +134,9 @@ def tree_shardings(
 def param_specs(state, layout: TensorLayout):
     """PartitionSpecs (not shardings) of an nnx State under ``layout``."""
     return jax.tree.map(
-        lambda s: s.spec, tree_shardings(state, layout), is_leaf=lambda x: isinstance(x, NamedSharding)
+        lambda s: s.spec,
+        tree_shardings(state, layout),
+        is_leaf=lambda x: isinstance(x, NamedSharding),
     )
 
 

@@ -180,8 +180,9 @@ def make_train_step(run: Run) -> Callable:
             params = jax.tree.map(lambda p: p.astype(compute_dtype), params)
         with use_parallelism(run.layout, run.local_attention):
             model = nnx.merge(run.graphdef, params)
-            return model.loss(batch["tokens"], batch["positions"], batch["targets"],
-                              batch["weights"])
+            return model.loss(
+                batch["tokens"], batch["positions"], batch["targets"], batch["weights"]
+            )
 
     def step(params, opt_state, batch):
         loss, grads = jax.value_and_grad(loss_fn)(params, batch)
@@ -190,8 +191,7 @@ def make_train_step(run: Run) -> Callable:
         params = optax.apply_updates(params, updates)
         return params, opt_state, {"loss": loss, "grad_norm": grad_norm}
 
-    batch_shardings = {k: run.batch_sharding for k in ("tokens", "targets", "positions",
-                                                        "weights")}
+    batch_shardings = {k: run.batch_sharding for k in ("tokens", "targets", "positions", "weights")}
     return jax.jit(
         step,
         in_shardings=(run.param_shardings, run.opt_shardings, batch_shardings),
@@ -290,8 +290,9 @@ def train(
     if progress and is_main:
         from tqdm import tqdm
 
-        bar = tqdm(total=cfg.steps, initial=start_step, desc="train", unit="step",
-                   dynamic_ncols=True)
+        bar = tqdm(
+            total=cfg.steps, initial=start_step, desc="train", unit="step", dynamic_ncols=True
+        )
     losses: list[float] = []
     timed_tokens, timed_seconds = 0, 0.0
     step = start_step
@@ -325,8 +326,12 @@ def train(
                 bar.set_postfix(loss=f"{loss:.4f}", tok_s=f"{tps:,.0f}", refresh=False)
                 bar.update(1)
             if ckpt is not None:
-                ckpt.save(step, {"params": params, "opt_state": opt_state},
-                          _meta(cfg, step), force=step == cfg.steps)
+                ckpt.save(
+                    step,
+                    {"params": params, "opt_state": opt_state},
+                    _meta(cfg, step),
+                    force=step == cfg.steps,
+                )
     finally:
         if bar is not None:
             bar.close()

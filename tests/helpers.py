@@ -9,8 +9,9 @@ from colossal_jax.config import OptimConfig, ParallelConfig, TrainConfig
 TINY_MODEL = {"n_layer": 2, "n_embd": 64, "n_head": 4, "block_size": 64}
 
 
-def tiny_config(steps: int = 10, batch_size: int = 8, seq_len: int = 32, devices: int = 8,
-                **parallel) -> TrainConfig:
+def tiny_config(
+    steps: int = 10, batch_size: int = 8, seq_len: int = 32, devices: int = 8, **parallel
+) -> TrainConfig:
     """gpt2-tiny shrunk further, on the embedded corpus, fp32."""
     data = parallel.pop("data", None)
     par = ParallelConfig(**parallel)

@@ -27,8 +27,10 @@ BAD = [
     (["--batch-size", "7", "--mesh", "data=8"], "--batch-size 7"),
     (["--model", "nosuch"], "nosuch"),
     (["--steps", "-1"], "--steps -1"),
-    (["--mesh", "data=2,tensor_row=4", "--tensor-mode", "1d", "--set", "model.n_head=6"],
-     "heads=6"),
+    (
+        ["--mesh", "data=2,tensor_row=4", "--tensor-mode", "1d", "--set", "model.n_head=6"],
+        "heads=6",
+    ),
     (["--set", "model.nosuch=1"], "nosuch"),
 ]
 
@@ -52,7 +54,10 @@ def test_real_process_exits_2_quickly():
     t0 = time.time()
     proc = subprocess.run(
         [sys.executable, str(ROOT / "scripts" / "train.py"), "--mesh", "data=3"],
-        capture_output=True, text=True, env=env, timeout=60,
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=60,
     )
     assert proc.returncode == 2
     lines = proc.stderr.strip().splitlines()

@@ -7,7 +7,10 @@ from colossal_jax.config import ConfigError, ParallelConfig, list_presets, parse
 
 def test_mesh_string_fills_data_with_remaining_devices():
     assert parse_mesh("tensor_row=2,tensor-col=2", 8) == {
-        "tensor_row": 2, "tensor_col": 2, "data": 2}
+        "tensor_row": 2,
+        "tensor_col": 2,
+        "data": 2,
+    }
     assert parse_mesh(None, 8) == {"data": 8}
 
 
@@ -51,10 +54,14 @@ def test_shorthand_rejects_non_square_2d():
     [
         (ParallelConfig(data=3), "has 3 devices but 8"),
         (ParallelConfig(data=2, tensor_row=4), "--tensor-mode is none"),
-        (ParallelConfig(data=2, tensor_row=2, tensor_col=1, tensor_depth=2, tensor_mode="2d"),
-         "square grid"),
-        (ParallelConfig(tensor_row=2, tensor_col=2, tensor_depth=1, data=2, tensor_mode="3d"),
-         "cube"),
+        (
+            ParallelConfig(data=2, tensor_row=2, tensor_col=1, tensor_depth=2, tensor_mode="2d"),
+            "square grid",
+        ),
+        (
+            ParallelConfig(tensor_row=2, tensor_col=2, tensor_depth=1, data=2, tensor_mode="3d"),
+            "cube",
+        ),
         (ParallelConfig(pipe=2, data=4), "pipeline"),
         (ParallelConfig(data=4, seq=2), "--seq-mode"),
         (ParallelConfig(data=8, zero=3), "--zero 3"),

@@ -35,7 +35,13 @@ def test_zero1_shards_optimizer_state_eight_ways():
 
 def test_zero1_memory_analysis_of_the_step():
     """The compiled step's argument bytes fall by 7/8 of the optimizer state under ZeRO-1."""
-    from colossal_jax.train import build, global_batch, init_state, make_train_step, per_device_bytes
+    from colossal_jax.train import (
+        build,
+        global_batch,
+        init_state,
+        make_train_step,
+        per_device_bytes,
+    )
 
     args = {}
     for zero in (0, 1):

@@ -10,8 +10,23 @@ from pathlib import Path
 import numpy as np
 
 ROOT = Path(__file__).resolve().parent.parent
-ARGS = ["--steps", "6", "--batch-size", "8", "--seq-len", "32", "--set", "model.n_layer=1",
-        "--set", "model.n_embd=64", "--mesh", "data=4", "--zero", "1", "--no-progress"]
+ARGS = [
+    "--steps",
+    "6",
+    "--batch-size",
+    "8",
+    "--seq-len",
+    "32",
+    "--set",
+    "model.n_layer=1",
+    "--set",
+    "model.n_embd=64",
+    "--mesh",
+    "data=4",
+    "--zero",
+    "1",
+    "--no-progress",
+]
 
 
 def _free_port() -> int:
@@ -29,16 +44,36 @@ def _env():
 def test_two_processes_match_one(tmp_path):
     script = str(ROOT / "scripts" / "train.py")
     one = tmp_path / "one.jsonl"
-    subprocess.run([sys.executable, script, "--devices", "4", *ARGS, "--metrics-file", str(one)],
-                   check=True, env=_env(), capture_output=True, timeout=300)
+    subprocess.run(
+        [sys.executable, script, "--devices", "4", *ARGS, "--metrics-file", str(one)],
+        check=True,
+        env=_env(),
+        capture_output=True,
+        timeout=300,
+    )
     port = _free_port()
     two = tmp_path / "two.jsonl"
     procs = [
         subprocess.Popen(
-            [sys.executable, script, "--devices", "2", *ARGS, "--metrics-file", str(two),
-             "--coordinator", f"127.0.0.1:{port}", "--num-processes", "2",
-             "--process-id", str(i)],
-            env=_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+            [
+                sys.executable,
+                script,
+                "--devices",
+                "2",
+                *ARGS,
+                "--metrics-file",
+                str(two),
+                "--coordinator",
+                f"127.0.0.1:{port}",
+                "--num-processes",
+                "2",
+                "--process-id",
+                str(i),
+            ],
+            env=_env(),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
         )
         for i in range(2)
     ]

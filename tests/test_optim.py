@@ -21,8 +21,9 @@ def _params():
 
 
 def _cfg(name, **kw):
-    return OptimConfig(name=name, lr=0.1, warmup_steps=0, min_lr_ratio=1.0, weight_decay=0.01,
-                       clip_norm=0.0, **kw)
+    return OptimConfig(
+        name=name, lr=0.1, warmup_steps=0, min_lr_ratio=1.0, weight_decay=0.01, clip_norm=0.0, **kw
+    )
 
 
 def test_lamb_matches_paper_step():

@@ -10,14 +10,37 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-ARGS = ["--devices", "4", "--mesh", "data=4", "--steps", "24", "--batch-size", "8",
-        "--seq-len", "32", "--set", "model.n_layer=1", "--set", "model.n_embd=64",
-        "--checkpoint-every", "4", "--no-progress"]
+ARGS = [
+    "--devices",
+    "4",
+    "--mesh",
+    "data=4",
+    "--steps",
+    "24",
+    "--batch-size",
+    "8",
+    "--seq-len",
+    "32",
+    "--set",
+    "model.n_layer=1",
+    "--set",
+    "model.n_embd=64",
+    "--checkpoint-every",
+    "4",
+    "--no-progress",
+]
 
 
 def _cmd(ckpt: Path, metrics: Path) -> list[str]:
-    return [sys.executable, str(ROOT / "scripts" / "train.py"), *ARGS,
-            "--checkpoint-dir", str(ckpt), "--metrics-file", str(metrics)]
+    return [
+        sys.executable,
+        str(ROOT / "scripts" / "train.py"),
+        *ARGS,
+        "--checkpoint-dir",
+        str(ckpt),
+        "--metrics-file",
+        str(metrics),
+    ]
 
 
 def _env():
@@ -32,12 +55,21 @@ def _losses(path: Path) -> list[tuple[int, float]]:
 
 def test_sigkill_and_resume_reproduce_losses_bitwise(tmp_path):
     full_metrics = tmp_path / "full.jsonl"
-    subprocess.run(_cmd(tmp_path / "full", full_metrics), check=True, env=_env(),
-                   capture_output=True, timeout=300)
+    subprocess.run(
+        _cmd(tmp_path / "full", full_metrics),
+        check=True,
+        env=_env(),
+        capture_output=True,
+        timeout=300,
+    )
 
     metrics = tmp_path / "killed.jsonl"
-    proc = subprocess.Popen(_cmd(tmp_path / "ck", metrics), env=_env(),
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen(
+        _cmd(tmp_path / "ck", metrics),
+        env=_env(),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     deadline = time.time() + 240
     while time.time() < deadline:
         if metrics.exists() and len(metrics.read_text().splitlines()) >= 11:
@@ -48,7 +80,13 @@ def test_sigkill_and_resume_reproduce_losses_bitwise(tmp_path):
     killed_at = len(metrics.read_text().splitlines())
     assert 0 < killed_at < 24, "killed mid-way"
 
-    out = subprocess.run(_cmd(tmp_path / "ck", metrics), check=True, env=_env(),
-                         capture_output=True, text=True, timeout=300)
+    out = subprocess.run(
+        _cmd(tmp_path / "ck", metrics),
+        check=True,
+        env=_env(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert "resumed from" in out.stdout
     assert _losses(metrics) == _losses(full_metrics)  # exact float equality

@@ -168,7 +168,9 @@ class TensorLayout(abc.ABC):
 
     # ---- kernels ------------------------------------------------------------------------------
     @abc.abstractmethod
-    def linear(self, x: jax.Array, w: jax.Array, b: jax.Array | None, kind: LinearKind) -> jax.Array:
+    def linear(
+        self, x: jax.Array, w: jax.Array, b: jax.Array | None, kind: LinearKind
+    ) -> jax.Array:
         """``x @ w + b``: residual -> wide for ``"in"``, wide -> residual for ``"out"``."""
 
     @abc.abstractmethod
