@@ -320,7 +320,7 @@ class TrainConfig:
 
     model: str = "gpt2-tiny"
     model_overrides: dict[str, Any] = field(default_factory=dict)
-    steps: int = 150
+    steps: int = 200
     batch_size: int = 16
     seq_len: int = 128
     precision: str = "fp32"
