@@ -365,6 +365,7 @@ def train(
 def _meta(cfg: TrainConfig, step: int) -> dict:
     return {
         "step": step,
+        "data_position": step,  # batches are a pure function of (seed, step)
         "seed": cfg.seed,
         "model": cfg.model,
         "mesh": cfg.parallel.short(),

@@ -1,0 +1,24 @@
+"""Checkpoints restore onto another mesh and continue the loss curve."""
+
+import dataclasses
+import shutil
+
+import numpy as np
+
+from colossal_jax.train import train
+from tests.helpers import losses, tiny_config
+
+
+def _quiet(cfg):
+    return train(cfg, progress=False, log=lambda _: None)
+
+
+def test_resume_onto_another_mesh(tmp_path):
+    full = losses(tiny_config(steps=8, devices=8, data=8))
+    ckpt = {"checkpoint_dir": str(tmp_path), "checkpoint_every": 4}
+    _quiet(dataclasses.replace(tiny_config(steps=8, devices=8, data=8), **ckpt))
+    shutil.rmtree(tmp_path / "8")  # as if the run had died after its step-4 checkpoint
+    # continue on a different mesh: 4 devices with ZeRO-1
+    resumed = _quiet(dataclasses.replace(tiny_config(steps=8, devices=4, data=4, zero=1), **ckpt))
+    assert resumed.start_step == 4
+    np.testing.assert_allclose(resumed.losses, full[4:], rtol=1e-5)
