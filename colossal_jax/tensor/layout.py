@@ -87,7 +87,7 @@ def vocab_parallel_cross_entropy(
     if vocab_axes:
         shard = jax.lax.axis_index(vocab_axes)
         # the max is only a numerical shift: no gradient needs to flow through it.
-        m = jax.lax.stop_gradient(jax.lax.pmax(jnp.max(logits, axis=-1), vocab_axes))
+        m = jax.lax.pmax(jnp.max(jax.lax.stop_gradient(logits), axis=-1), vocab_axes)
     else:
         shard = 0
         m = jax.lax.stop_gradient(jnp.max(logits, axis=-1))

@@ -1,0 +1,126 @@
+"""Per-device kernel bodies shared by the tensor-parallel modes (run *inside* ``jax.shard_map``).
+
+Each mode composes these with its own axes; the collectives are explicit so their cost can be
+read straight from the code (and from compiled HLO by :mod:`colossal_jax.hlo`).
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+from colossal_jax.tensor.layout import AxisNames
+
+
+def _varying_axes(x: jax.Array) -> frozenset[str]:
+    """The mesh axes ``x`` varies over inside ``shard_map`` (jax 0.10: ``manual_axis_type``;
+    older and newer releases: ``vma``)."""
+    t = jax.typeof(x)
+    if hasattr(t, "vma"):
+        return frozenset(t.vma)
+    return frozenset(t.manual_axis_type.varying)
+
+
+def varying(x: jax.Array, axes: AxisNames) -> jax.Array:
+    """Mark ``x`` as varying over ``axes`` (those it is not already varying over).
+
+    Used on a weight block *before* it is all-gathered: the transpose of this cast is the
+    reduction of the weight gradient over ``axes`` (data, sequence, 2.5D depth), so it runs on the
+    small local block instead of on the gathered one.
+    """
+    have = _varying_axes(x)
+    todo = tuple(a for a in axes if a not in have)
+    return jax.lax.pcast(x, todo, to="varying") if todo else x
+
+
+def summa_matmul(
+    x: jax.Array,
+    w: jax.Array,
+    *,
+    x_gather: str | AxisNames | None,
+    x_gather_dim: int,
+    w_gather: str | AxisNames | None,
+    scatter: str | AxisNames | None = None,
+    scatter_dim: int = 0,
+) -> jax.Array:
+    """``gather(x) @ gather(w)``, optionally reduce-scattered: the one matmul of every mode.
+
+    - 2D (SUMMA, van de Geijn & Watts 1997; Optimus, Xu et al. 2021): gather ``x`` over the
+      column axis on its hidden dimension and ``w`` over the row axis on its rows; no scatter.
+    - 3D (Bian et al. 2021): gather ``x`` over j on its batch dimension and ``w`` over i on its
+      rows, then reduce-scatter the partial product over k on the batch dimension.
+
+    Autodiff turns each all-gather into a reduce-scatter of the gradient and the reduce-scatter
+    into an all-gather, keeping the gathered blocks as residuals (2/3 of the re-broadcasting
+    volume of Colossal-AI's hand-written backward, see ORACLES.md).
+    """
+    if x_gather is not None:
+        x = jax.lax.all_gather(x, x_gather, axis=x_gather_dim, tiled=True)
+    if w_gather is not None:
+        w = jax.lax.all_gather(w, w_gather, axis=0, tiled=True)
+    y = jnp.einsum("bsn,nk->bsk", x, w)
+    if scatter is not None:
+        y = jax.lax.psum_scatter(y, scatter, scatter_dimension=scatter_dim, tiled=True)
+    return y
+
+
+def split_layer_norm(
+    x: jax.Array,
+    scale: jax.Array,
+    bias: jax.Array,
+    eps: float,
+    *,
+    hidden_axes: AxisNames,
+) -> jax.Array:
+    """LayerNorm (Ba et al. 2016) of ``x: [b, s, h/n]`` whose hidden dimension is split over
+    ``hidden_axes`` (n devices): the statistics Σx and Σx² are all-reduced over them, 2·b·s
+    elements per device per direction; ``scale``/``bias`` are the local ``[h/n]`` slices."""
+    xf = x.astype(jnp.float32)
+    n_local = x.shape[-1]
+    s1 = jnp.sum(xf, axis=-1, keepdims=True)
+    s2 = jnp.sum(jnp.square(xf), axis=-1, keepdims=True)
+    n = n_local
+    if hidden_axes:
+        s1, s2 = jax.lax.psum((s1, s2), hidden_axes)
+        n = n_local * jax.lax.axis_size(hidden_axes)
+    mean = s1 / n
+    var = jnp.maximum(s2 / n - jnp.square(mean), 0.0)
+    y = (xf - mean) * jax.lax.rsqrt(var + eps)
+    return (y * scale + bias).astype(x.dtype)
+
+
+def vocab_parallel_embed(
+    tokens: jax.Array,
+    table: jax.Array,
+    *,
+    vocab_axes: AxisNames,
+    scatter: bool,
+) -> jax.Array:
+    """Embedding lookup with the vocabulary split over ``vocab_axes`` (Megatron-LM).
+
+    ``tokens: [B, s]`` hold global ids for the batch rows of every device in the vocab group;
+    ``table: [V/n, h_local]`` is this device's contiguous vocabulary slice. Rows outside the slice
+    contribute zero and the partial embeddings are combined over ``vocab_axes``: a reduce-scatter
+    on the batch dimension when ``scatter`` (2D, 2.5D, 3D: the group also splits the batch), an
+    all-reduce otherwise (1D). Communication: ``B·s·h_local·(n−1)/n`` (scatter) or twice that.
+    """
+    v_local = table.shape[0]
+    if vocab_axes:
+        local = tokens - jax.lax.axis_index(vocab_axes) * v_local
+    else:
+        local = tokens
+    hit = (local >= 0) & (local < v_local)
+    rows = jnp.take(table, jnp.clip(local, 0, v_local - 1), axis=0)
+    rows = jnp.where(hit[..., None], rows, jnp.zeros((), rows.dtype))
+    if not vocab_axes:
+        return rows
+    if scatter:
+        return jax.lax.psum_scatter(rows, vocab_axes, scatter_dimension=0, tiled=True)
+    return jax.lax.psum(rows, vocab_axes)
+
+
+def reduce_loss(total: jax.Array, count: jax.Array, token_axes: AxisNames):
+    """Sum the per-device loss sums over every axis that splits the tokens (replicated result)."""
+    if token_axes:
+        total, count = jax.lax.psum((total, count), token_axes)
+    return total, count

@@ -1,0 +1,154 @@
+"""Mode ``1d``: Megatron-LM tensor parallelism (Shoeybi et al. 2019, arXiv 1909.08053).
+
+The tensor group is ``t = (tensor_row, tensor_col, tensor_depth)`` flattened (p devices). The
+residual stream ``[b, s, h]`` is replicated over ``t``; an ``"in"`` linear is split by columns
+(``W[:, K/p]``, output ``[b, s, K/p]``), an ``"out"`` linear by rows (``W[K/p, :]``) followed by
+an all-reduce. Attention heads follow the column split; the embedding and the LM head split the
+vocabulary, with a vocab-parallel cross-entropy.
+
+Communication per device, one column/row pair (M = b·s tokens, N = h):
+forward one all-reduce of ``M·N`` (``2·M·N·(p−1)/p`` elements), backward one more for the column
+linear's input gradient. Memory per device: weights ``N·K/p``; activations: the residual stream
+``M·N`` unsharded (does *not* fall with p), the wide activations ``M·K/p``.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from jax.sharding import PartitionSpec as P
+
+from colossal_jax.tensor.kernels import (
+    reduce_loss,
+    split_layer_norm,
+    varying,
+    vocab_parallel_embed,
+)
+from colossal_jax.tensor.layout import (
+    LinearKind,
+    LocalAttention,
+    TensorLayout,
+    attention_in_shard_map,
+    spec_axes,
+    vocab_parallel_cross_entropy,
+)
+
+TENSOR_AXES = ("tensor_row", "tensor_col", "tensor_depth")
+
+
+class OneDLayout(TensorLayout):
+    mode = "1d"
+
+    @property
+    def t(self) -> tuple[str, ...]:
+        """The tensor group: every tensor axis present in the mesh."""
+        return tuple(a for a in TENSOR_AXES if a in self.mesh.shape)
+
+    @property
+    def p(self) -> int:
+        return self.axis_size(self.t)
+
+    def _token_axes(self) -> tuple[str, ...]:
+        return tuple(a for a in (*self.act.batch, self.act.seq) if a is not None)
+
+    def batch_divisor(self) -> int:
+        return self.axis_size(self.act.batch)
+
+    def validate(self, *, hidden: int, mlp: int, heads: int, vocab: int) -> None:
+        p = self.p
+        if hidden % heads:
+            raise ValueError(f"hidden size {hidden} is not divisible by heads={heads}")
+        for name, value in (("heads", heads), ("mlp width", mlp), ("vocab size", vocab)):
+            if value % p:
+                raise ValueError(
+                    f"1d tensor parallelism over {p} devices needs {name} divisible by {p}, got "
+                    f"{value}; use a tensor size that divides {value}"
+                )
+
+    # ---- specs -------------------------------------------------------------------------------
+    def residual_spec(self) -> P:
+        return P(spec_axes(*self.act.batch), self.act.seq, None)
+
+    def wide_spec(self) -> P:
+        return P(spec_axes(*self.act.batch), self.act.seq, self.t)
+
+    def token_spec(self) -> P:
+        return P(spec_axes(*self.act.batch), self.act.seq)
+
+    def weight_spec(self, kind: LinearKind) -> P:
+        return P(None, self.t) if kind == "in" else P(self.t, None)
+
+    def bias_spec(self, kind: LinearKind) -> P:
+        return P(self.t) if kind == "in" else P(None)
+
+    def norm_spec(self) -> P:
+        return P(None)
+
+    def embedding_spec(self) -> P:
+        return P(self.t, None)
+
+    # ---- kernels ------------------------------------------------------------------------------
+    def linear(self, x, w, b, kind: LinearKind):
+        """Column (``"in"``) or row (``"out"``) parallel linear. The column linear's input is
+        replicated over ``t``, so autodiff all-reduces its gradient (``2·M·N·(p−1)/p``); the row
+        linear all-reduces its output in the forward pass (``2·M·N·(p−1)/p``)."""
+        t = self.t
+        reduce_axes = self._token_axes()
+
+        def column(x, w, *b):
+            y = jnp.einsum("bsn,nk->bsk", x, varying(w, reduce_axes))
+            return y + b[0] if b else y
+
+        def row(x, w, *b):
+            y = jax.lax.psum(jnp.einsum("bsn,nk->bsk", x, varying(w, reduce_axes)), t)
+            return y + b[0] if b else y
+
+        in_specs = (
+            (self.residual_spec(), self.weight_spec(kind))
+            if kind == "in"
+            else (self.wide_spec(), self.weight_spec(kind))
+        )
+        out_spec = self.wide_spec() if kind == "in" else self.residual_spec()
+        args = (x, w) if b is None else (x, w, b)
+        if b is not None:
+            in_specs = (*in_specs, self.bias_spec(kind))
+        body = column if kind == "in" else row
+        return jax.shard_map(body, mesh=self.mesh, in_specs=in_specs, out_specs=out_spec)(*args)
+
+    def layer_norm(self, x, scale, bias, eps: float):
+        spec = self.residual_spec()
+        return jax.shard_map(
+            lambda x, s, b: split_layer_norm(x, s, b, eps, hidden_axes=()),
+            mesh=self.mesh,
+            in_specs=(spec, self.norm_spec(), self.norm_spec()),
+            out_specs=spec,
+        )(x, scale, bias)
+
+    def embed(self, tokens, table):
+        """Vocab-parallel lookup: each device looks up its slice, one all-reduce over ``t``
+        of ``b·s·h`` (``2·b·s·h·(p−1)/p`` elements)."""
+        return jax.shard_map(
+            lambda ids, tab: vocab_parallel_embed(ids, tab, vocab_axes=self.t, scatter=False),
+            mesh=self.mesh,
+            in_specs=(self.token_spec(), self.embedding_spec()),
+            out_specs=self.residual_spec(),
+        )(tokens, table)
+
+    def attention(self, q, k, v, positions, *, heads: int, local_attention: LocalAttention):
+        return attention_in_shard_map(
+            self, q, k, v, positions, heads=heads, head_split=self.p, local_attention=local_attention
+        )
+
+    def cross_entropy(self, logits, targets, weights):
+        tokens = self.token_spec()
+
+        def body(logits, targets, weights):
+            total, count = vocab_parallel_cross_entropy(logits, targets, weights, self.t)
+            return reduce_loss(total, count, self._token_axes())
+
+        return jax.shard_map(
+            body,
+            mesh=self.mesh,
+            in_specs=(self.wide_spec(), tokens, tokens),
+            out_specs=(P(), P()),
+        )(logits, targets, weights)

@@ -1,0 +1,166 @@
+"""Mode ``2d``: SUMMA-style 2D tensor parallelism on a q×q grid (Optimus, Xu et al. 2021,
+arXiv 2104.05343; SUMMA, van de Geijn & Watts 1997).
+
+Axes ``r = tensor_row``, ``c = tensor_col``, p = q². Every activation ``[b, s, n]`` is split in
+``q×q`` blocks: batch over ``r`` (after the data axes), hidden over ``c``; every weight ``[N, K]``
+in blocks ``W[N/q, K/q]`` over ``(r, c)``. A linear all-gathers ``X`` along ``c`` (its hidden
+blocks) and ``W`` along ``r`` (its row blocks), then does one local matmul whose output is
+already in the same block layout — so layouts chain from layer to layer and no full
+``[tokens, hidden]`` activation ever exists on a device.
+
+Communication per device, one linear ``[M, N] @ [N, K]`` forward + backward (autodiff keeps the
+gathered blocks): ``2·(q−1)/q²·(M·N + N·K)`` elements. Memory per device: weights ``N·K/q²``,
+activations ``M·N/q²`` (falls as 1/p), plus the transient gathered blocks ``M·N/q`` and
+``N·K/q``. Layer norm all-reduces its statistics over ``c`` (``2·M/q`` elements twice).
+
+2.5D (:mod:`colossal_jax.tensor.two_p5d`) is this layout with ``d`` stacked grids.
+"""
+
+from __future__ import annotations
+
+import jax
+from jax.sharding import PartitionSpec as P
+
+from colossal_jax.tensor.kernels import (
+    reduce_loss,
+    split_layer_norm,
+    summa_matmul,
+    varying,
+    vocab_parallel_embed,
+)
+from colossal_jax.tensor.layout import (
+    ActivationAxes,
+    LinearKind,
+    LocalAttention,
+    TensorLayout,
+    attention_in_shard_map,
+    spec_axes,
+    vocab_parallel_cross_entropy,
+)
+
+
+class TwoDLayout(TensorLayout):
+    mode = "2d"
+    row: str = "tensor_row"
+    col: str = "tensor_col"
+    depth: tuple[str, ...] = ()
+    """Axes that stack independent grids (2.5D): they split the batch and replicate weights."""
+
+    def __init__(self, mesh, activation_axes: ActivationAxes = ActivationAxes()):
+        super().__init__(mesh, activation_axes)
+        if self.axis_size(self.row) != self.axis_size(self.col):
+            raise ValueError(
+                f"{self.mode} needs a square grid, got {self.row}={self.axis_size(self.row)} and "
+                f"{self.col}={self.axis_size(self.col)}"
+            )
+
+    @property
+    def q(self) -> int:
+        return self.axis_size(self.row)
+
+    @property
+    def batch_axes(self) -> tuple[str, ...]:
+        """Axes splitting the batch dimension, major to minor: data, depth, row."""
+        return (*self.act.batch, *self.depth, self.row)
+
+    def _token_axes(self) -> tuple[str, ...]:
+        return tuple(a for a in (*self.batch_axes, self.act.seq) if a is not None)
+
+    def batch_divisor(self) -> int:
+        return self.axis_size(self.batch_axes)
+
+    def validate(self, *, hidden: int, mlp: int, heads: int, vocab: int) -> None:
+        q = self.q
+        if hidden % heads:
+            raise ValueError(f"hidden size {hidden} is not divisible by heads={heads}")
+        for name, value in (
+            ("hidden size", hidden),
+            ("heads", heads),
+            ("mlp width", mlp),
+            ("vocab size", vocab),
+        ):
+            if value % q:
+                raise ValueError(
+                    f"{self.mode} on a {q}×{q} grid needs {name} divisible by q={q}, got {value}; "
+                    f"use a grid side that divides {value}"
+                )
+
+    # ---- specs -------------------------------------------------------------------------------
+    def residual_spec(self) -> P:
+        return P(spec_axes(*self.batch_axes), self.act.seq, self.col)
+
+    wide_spec = residual_spec
+
+    def token_spec(self) -> P:
+        return P(spec_axes(*self.batch_axes), self.act.seq)
+
+    def weight_spec(self, kind: LinearKind) -> P:
+        return P(self.row, self.col)
+
+    def bias_spec(self, kind: LinearKind) -> P:
+        return P(self.col)
+
+    def norm_spec(self) -> P:
+        return P(self.col)
+
+    def embedding_spec(self) -> P:
+        return P(self.row, self.col)
+
+    # ---- kernels ------------------------------------------------------------------------------
+    def linear(self, x, w, b, kind: LinearKind):
+        """``Y = X·W (+ b)``: all-gather ``X`` over ``c`` and ``W`` over ``r``, one local
+        matmul. ``W`` is first marked varying over the batch-splitting axes that do not split it
+        (data, depth, seq), so its gradient is summed over them on the ``[N/q, K/q]`` block."""
+        spec = self.residual_spec()
+        grad_axes = tuple(a for a in self._token_axes() if a != self.row)
+
+        def body(x, w, *b):
+            y = summa_matmul(
+                x, varying(w, grad_axes), x_gather=self.col, x_gather_dim=2, w_gather=self.row
+            )
+            return y + b[0] if b else y
+
+        specs = (spec, self.weight_spec(kind)) + (() if b is None else (self.bias_spec(kind),))
+        args = (x, w) if b is None else (x, w, b)
+        return jax.shard_map(body, mesh=self.mesh, in_specs=specs, out_specs=spec)(*args)
+
+    def layer_norm(self, x, scale, bias, eps: float):
+        spec = self.residual_spec()
+        return jax.shard_map(
+            lambda x, s, b: split_layer_norm(x, s, b, eps, hidden_axes=(self.col,)),
+            mesh=self.mesh,
+            in_specs=(spec, self.norm_spec(), self.norm_spec()),
+            out_specs=spec,
+        )(x, scale, bias)
+
+    def embed(self, tokens, table):
+        """Vocab split over ``r``, hidden over ``c``: each device looks up the token ids of its
+        whole grid row (ids gathered over ``r``, a few int32s) in its vocabulary slice; the
+        partial embeddings are reduce-scattered over ``r`` back to the batch blocks
+        (``b·s·h/q·(q−1)/q`` elements per device)."""
+        ids_spec = P(spec_axes(*self.act.batch, *self.depth), self.act.seq)
+        return jax.shard_map(
+            lambda ids, tab: vocab_parallel_embed(ids, tab, vocab_axes=(self.row,), scatter=True),
+            mesh=self.mesh,
+            in_specs=(ids_spec, self.embedding_spec()),
+            out_specs=self.residual_spec(),
+        )(tokens, table)
+
+    def attention(self, q, k, v, positions, *, heads: int, local_attention: LocalAttention):
+        return attention_in_shard_map(
+            self, q, k, v, positions, heads=heads, head_split=self.q, local_attention=local_attention
+        )
+
+    def cross_entropy(self, logits, targets, weights):
+        tokens = self.token_spec()
+
+        def body(logits, targets, weights):
+            total, count = vocab_parallel_cross_entropy(logits, targets, weights, (self.col,))
+            return reduce_loss(total, count, self._token_axes())
+
+        return jax.shard_map(
+            body,
+            mesh=self.mesh,
+            in_specs=(self.wide_spec(), tokens, tokens),
+            out_specs=(P(), P()),
+        )(logits, targets, weights)
