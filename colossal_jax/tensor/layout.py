@@ -222,6 +222,11 @@ def attention_in_shard_map(
     ``head_split`` ways, so each device holds ``heads // head_split`` whole heads."""
     wide = layout.wide_spec()
     tokens = layout.token_spec()
+    if heads % head_split:
+        raise ValueError(
+            f"{layout.mode} splits attention heads {head_split} ways; heads={heads} is not "
+            f"divisible by {head_split}"
+        )
     local_heads = heads // head_split
 
     def body(q, k, v, pos):
