@@ -1,0 +1,246 @@
+"""Read the collectives of a compiled XLA program and the bytes each device moves (ring model).
+
+Per device, for one collective over a replica group of n devices (ORACLES.md, "the ring model"):
+
+| HLO op | bytes received per device |
+|---|---|
+| all-gather, result R | R·(n−1)/n |
+| reduce-scatter, result r (operand r·n) | r·(n−1) |
+| all-reduce of S | 2·S·(n−1)/n |
+| all-to-all of S | S·(n−1)/n |
+| collective-permute of S | S |
+
+Ops inside called computations (fusions, async wrappers, conditionals) are followed, and ops
+inside a ``while`` body are multiplied by the loop's ``known_trip_count`` — ring attention's
+permutes live in such a loop. ``-done`` halves of async pairs are skipped (the ``-start`` is
+counted once).
+
+Usage::
+
+    compiled = jax.jit(f).lower(*args).compile()
+    report = analyze(compiled.as_text())
+    report.total_bytes, report.by_op()
+"""
+
+from __future__ import annotations
+
+import re
+from collections import defaultdict
+from dataclasses import dataclass, field
+
+DTYPE_BYTES = {
+    "pred": 1,
+    "s4": 0.5,
+    "u4": 0.5,
+    "s8": 1,
+    "u8": 1,
+    "s16": 2,
+    "u16": 2,
+    "s32": 4,
+    "u32": 4,
+    "s64": 8,
+    "u64": 8,
+    "f16": 2,
+    "bf16": 2,
+    "f32": 4,
+    "f64": 8,
+    "c64": 8,
+    "c128": 16,
+}
+
+COLLECTIVES = (
+    "all-gather",
+    "reduce-scatter",
+    "all-reduce",
+    "all-to-all",
+    "collective-permute",
+)
+
+_OP = re.compile(
+    r"=\s*(?P<type>.+?)\s+(?P<op>all-gather-start|all-gather|all-reduce-start|all-reduce|"
+    r"reduce-scatter-start|reduce-scatter|all-to-all|collective-permute-start|"
+    r"collective-permute)\("
+)
+_ARRAY = re.compile(r"\b([a-z]+[0-9]*(?:e[0-9]m[0-9]\w*)?)\[([0-9,]*)\]")
+_HEADER = re.compile(r"^(?:ENTRY\s+)?%?(?P<name>[\w.\-]+)\s*\(.*\)\s*->.*\{\s*$")
+_CALLS = re.compile(
+    r"\b(?:calls|body|condition|to_apply|true_computation|false_computation)=%?([\w.\-]+)"
+)
+_BRANCHES = re.compile(r"branch_computations=\{([^}]*)\}")
+_TRIP = re.compile(r'"known_trip_count":\{"n":"(\d+)"\}')
+_GROUPS_LIST = re.compile(r"replica_groups=\{(\{[^=]*?\})\}")
+_GROUPS_IOTA = re.compile(r"replica_groups=\[(\d+),(\d+)\]<=")
+_PAIRS = re.compile(r"source_target_pairs=\{([^=]*?)\}(?:,|\s|$)")
+_PARTITIONS = re.compile(r"num_partitions=(\d+)")
+_COMMENT = re.compile(r"/\*.*?\*/")
+
+
+def _dtype_bytes(dtype: str) -> float:
+    if dtype in DTYPE_BYTES:
+        return DTYPE_BYTES[dtype]
+    if dtype.startswith("f8"):
+        return 1
+    raise ValueError(f"unknown HLO element type {dtype!r}")
+
+
+def array_bytes(type_text: str) -> list[float]:
+    """Byte sizes of the arrays in an HLO type (``f32[2,3]{1,0}`` or a tuple of them)."""
+    sizes = []
+    for dtype, dims in _ARRAY.findall(type_text):
+        n = 1
+        for d in filter(None, dims.split(",")):
+            n *= int(d)
+        sizes.append(n * _dtype_bytes(dtype))
+    return sizes
+
+
+@dataclass(frozen=True)
+class Collective:
+    """One collective op, executed ``count`` times per program run."""
+
+    op: str
+    group_size: int
+    result_bytes: float
+    count: int
+    computation: str
+
+    @property
+    def moved_bytes(self) -> float:
+        """Bytes received per device, per execution (ring model)."""
+        n, size = self.group_size, self.result_bytes
+        if n <= 1:
+            return 0.0
+        if self.op == "all-gather":
+            return size * (n - 1) / n
+        if self.op == "reduce-scatter":
+            return size * (n - 1)
+        if self.op == "all-reduce":
+            return 2 * size * (n - 1) / n
+        if self.op == "all-to-all":
+            return size * (n - 1) / n
+        if self.op == "collective-permute":
+            return size
+        raise ValueError(f"not a collective: {self.op}")
+
+    @property
+    def total_bytes(self) -> float:
+        return self.moved_bytes * self.count
+
+
+@dataclass
+class Report:
+    collectives: list[Collective] = field(default_factory=list)
+    unknown_trip_counts: int = 0
+
+    @property
+    def total_bytes(self) -> float:
+        return sum(c.total_bytes for c in self.collectives)
+
+    def by_op(self) -> dict[str, float]:
+        out: dict[str, float] = defaultdict(float)
+        for c in self.collectives:
+            out[c.op] += c.total_bytes
+        return dict(out)
+
+    def count_by_op(self) -> dict[str, int]:
+        out: dict[str, int] = defaultdict(int)
+        for c in self.collectives:
+            out[c.op] += c.count
+        return dict(out)
+
+
+def _group_size(line: str, op: str, n_partitions: int) -> int:
+    if op == "collective-permute":
+        return 2  # a permute moves its whole operand; n only has to exceed 1
+    m = _GROUPS_IOTA.search(line)
+    if m:
+        return int(m.group(2))
+    m = _GROUPS_LIST.search(line)
+    if m:
+        first = m.group(1).split("}")[0].strip("{ ")
+        return len([t for t in first.split(",") if t.strip()])
+    return n_partitions  # replica_groups={} : one group of every device
+
+
+def _result_bytes(type_text: str, op_text: str) -> float:
+    sizes = array_bytes(type_text)
+    if not sizes:
+        return 0.0
+    if op_text == "all-gather-start":
+        return sizes[-1]  # (operand, result)
+    if op_text == "collective-permute-start":
+        return sizes[1] if len(sizes) > 1 else sizes[0]  # (operand, result, ctx...)
+    if op_text in ("all-reduce-start", "all-to-all", "all-reduce"):
+        return sum(sizes)  # tuple all-reduce / all-to-all: every operand travels
+    return sizes[-1] if op_text.endswith("-start") else sum(sizes)
+
+
+def _split_computations(text: str) -> tuple[dict[str, list[str]], str | None]:
+    comps: dict[str, list[str]] = {}
+    entry = None
+    current: list[str] | None = None
+    for raw in text.splitlines():
+        line = _COMMENT.sub("", raw)
+        m = _HEADER.match(line.strip())
+        if m and current is None:
+            name = m.group("name")
+            current = comps.setdefault(name, [])
+            if line.lstrip().startswith("ENTRY"):
+                entry = name
+            continue
+        if current is not None:
+            if line.strip() == "}":
+                current = None
+            else:
+                current.append(line)
+    return comps, entry
+
+
+def analyze(hlo_text: str) -> Report:
+    """Every collective of a compiled module, with loop multiplicities."""
+    comps, entry = _split_computations(hlo_text)
+    m = _PARTITIONS.search(hlo_text)
+    n_partitions = int(m.group(1)) if m else 1
+    report = Report()
+    if entry is None:
+        return report
+
+    def visit(name: str, mult: int, stack: tuple[str, ...]) -> None:
+        if name in stack or name not in comps:
+            return
+        for line in comps[name]:
+            op_match = _OP.search(line)
+            if op_match:
+                op_text = op_match.group("op")
+                op = op_text.removesuffix("-start")
+                report.collectives.append(
+                    Collective(
+                        op=op,
+                        group_size=_group_size(line, op, n_partitions),
+                        result_bytes=_result_bytes(op_match.group("type"), op_text),
+                        count=mult,
+                        computation=name,
+                    )
+                )
+            if "-done(" in line or " async-done(" in line or "async-update(" in line:
+                continue
+            called = _CALLS.findall(line)
+            for branch in _BRANCHES.findall(line):
+                called += [c.strip().lstrip("%") for c in branch.split(",") if c.strip()]
+            inner = mult
+            if " while(" in line:
+                trip = _TRIP.search(line)
+                if trip:
+                    inner = mult * int(trip.group(1))
+                else:
+                    report.unknown_trip_counts += 1
+            for c in called:
+                visit(c, inner, (*stack, name))
+
+    visit(entry, 1, ())
+    return report
+
+
+def bytes_moved(hlo_text: str) -> float:
+    """Total bytes received per device by every collective of one program run."""
+    return analyze(hlo_text).total_bytes

@@ -1,0 +1,67 @@
+"""DeepSpeed-Ulysses sequence parallelism: all-to-all from sequence-split to head-split.
+
+Algorithm: DeepSpeed-Ulysses (Jacobs et al. 2023, "DeepSpeed Ulysses: System Optimizations for
+Enabling Training of Extreme Long Sequence Transformer Models", arXiv 2309.14509). Each of the
+``p`` devices on ``axis_name`` holds ``q, k, v: [b, s/p, a, d]``. One all-to-all per tensor
+re-splits them to ``[b, s, a/p, d]`` (whole sequence, ``a/p`` heads), the positions are
+all-gathered to ``[b, s]``, ordinary attention
+(:func:`colossal_jax.sequence.local.dot_product_attention`) runs on the local heads, and one
+all-to-all turns the ``[b, s, a/p, d]`` output back into ``[b, s/p, a, d]``.
+
+Per-device cost (``h = a * d``, ``n = b * s / p``):
+- communication: 4 all-to-alls forward (q, k, v, out), each sending ``(p-1)/p * n * h``
+  elements; 4 more in backward; plus an all-gather of ``b * s`` integer positions.
+- memory: full-length attention on ``a/p`` heads: scores ``[b, a/p, s, s]`` float32
+  (``O(b a s^2 / p)``), and the ``[b, s, a/p, d]`` q, k, v, out.
+
+Requires ``a % p == 0`` (the number of local heads divisible by the sequence-parallel size).
+"""
+
+from __future__ import annotations
+
+import jax
+
+from colossal_jax.sequence.local import dot_product_attention
+
+
+def ulysses_attention(
+    q: jax.Array,
+    k: jax.Array,
+    v: jax.Array,
+    q_pos: jax.Array,
+    k_pos: jax.Array,
+    *,
+    axis_name: str,
+    causal: bool = True,
+) -> jax.Array:
+    """Ulysses attention over ``axis_name``; call *inside* a ``shard_map`` including that axis.
+
+    Args:
+      q, k, v: this device's blocks ``[b, s_local, a, d]``.
+      q_pos, k_pos: integer global token positions ``[b, s_local]``.
+      axis_name: the sequence-parallel mesh axis.
+      causal: mask keys with ``k_pos > q_pos``.
+
+    Returns:
+      ``[b, s_local, a, d]`` in ``q``'s dtype.
+
+    Raises:
+      ValueError: if the number of (local) heads ``a`` is not divisible by the axis size.
+    """
+    p = jax.lax.axis_size(axis_name)
+    heads = q.shape[2]
+    if heads % p != 0:
+        raise ValueError(
+            f"ulysses attention needs the number of heads ({heads}) divisible by the "
+            f"sequence-parallel size p={p} of axis {axis_name!r}"
+        )
+
+    def seq_to_heads(x: jax.Array) -> jax.Array:
+        return jax.lax.all_to_all(x, axis_name, split_axis=2, concat_axis=1, tiled=True)
+
+    qh, kh, vh = seq_to_heads(q), seq_to_heads(k), seq_to_heads(v)
+    q_full = jax.lax.all_gather(q_pos, axis_name, axis=1, tiled=True)
+    k_full = jax.lax.all_gather(k_pos, axis_name, axis=1, tiled=True)
+    out = dot_product_attention(qh, kh, vh, q_full, k_full, causal=causal)
+    out = jax.lax.all_to_all(out, axis_name, split_axis=1, concat_axis=2, tiled=True)
+    return out.astype(q.dtype)
