@@ -62,7 +62,10 @@ def _check(name, fn, args, specs, out_spec):
             for i, a in zip(floats, fa, strict=True):
                 full[i] = a
             o = fn(lay, *full)
-            return sum(jnp.sum(x * c) for x, c in zip(jax.tree.leaves(o), jax.tree.leaves(cot)))
+            return sum(
+                jnp.sum(x * c)
+                for x, c in zip(jax.tree.leaves(o), jax.tree.leaves(cot), strict=True)
+            )
 
         grads = jax.jit(jax.grad(scalar, argnums=tuple(range(len(floats)))))(
             *[placed[i] for i in floats]
@@ -159,7 +162,10 @@ def test_attention_head_split(name):
     "cfg, message",
     [
         (ParallelConfig(tensor_row=8, tensor_mode="1d"), "heads divisible by 8"),
-        (ParallelConfig(tensor_row=2, tensor_col=2, tensor_depth=2, tensor_mode="3d"), "hidden size divisible by 4"),
+        (
+            ParallelConfig(tensor_row=2, tensor_col=2, tensor_depth=2, tensor_mode="3d"),
+            "hidden size divisible by 4",
+        ),
     ],
 )
 def test_validate_names_the_value(cfg, message):

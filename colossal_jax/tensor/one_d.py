@@ -136,7 +136,14 @@ class OneDLayout(TensorLayout):
 
     def attention(self, q, k, v, positions, *, heads: int, local_attention: LocalAttention):
         return attention_in_shard_map(
-            self, q, k, v, positions, heads=heads, head_split=self.p, local_attention=local_attention
+            self,
+            q,
+            k,
+            v,
+            positions,
+            heads=heads,
+            head_split=self.p,
+            local_attention=local_attention,
         )
 
     def cross_entropy(self, logits, targets, weights):

@@ -48,8 +48,8 @@ class ThreeDLayout(TensorLayout):
     j = "tensor_col"
     k = "tensor_depth"
 
-    def __init__(self, mesh, activation_axes: ActivationAxes = ActivationAxes()):
-        super().__init__(mesh, activation_axes)
+    def __init__(self, mesh, activation_axes: ActivationAxes | None = None):
+        super().__init__(mesh, activation_axes or ActivationAxes())
         sides = [self.axis_size(a) for a in (self.i, self.j, self.k)]
         if len(set(sides)) != 1:
             raise ValueError(
@@ -165,7 +165,14 @@ class ThreeDLayout(TensorLayout):
 
     def attention(self, q, k, v, positions, *, heads: int, local_attention: LocalAttention):
         return attention_in_shard_map(
-            self, q, k, v, positions, heads=heads, head_split=self.q, local_attention=local_attention
+            self,
+            q,
+            k,
+            v,
+            positions,
+            heads=heads,
+            head_split=self.q,
+            local_attention=local_attention,
         )
 
     def cross_entropy(self, logits, targets, weights):

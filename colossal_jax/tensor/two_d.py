@@ -46,8 +46,8 @@ class TwoDLayout(TensorLayout):
     depth: tuple[str, ...] = ()
     """Axes that stack independent grids (2.5D): they split the batch and replicate weights."""
 
-    def __init__(self, mesh, activation_axes: ActivationAxes = ActivationAxes()):
-        super().__init__(mesh, activation_axes)
+    def __init__(self, mesh, activation_axes: ActivationAxes | None = None):
+        super().__init__(mesh, activation_axes or ActivationAxes())
         if self.axis_size(self.row) != self.axis_size(self.col):
             raise ValueError(
                 f"{self.mode} needs a square grid, got {self.row}={self.axis_size(self.row)} and "
@@ -148,7 +148,14 @@ class TwoDLayout(TensorLayout):
 
     def attention(self, q, k, v, positions, *, heads: int, local_attention: LocalAttention):
         return attention_in_shard_map(
-            self, q, k, v, positions, heads=heads, head_split=self.q, local_attention=local_attention
+            self,
+            q,
+            k,
+            v,
+            positions,
+            heads=heads,
+            head_split=self.q,
+            local_attention=local_attention,
         )
 
     def cross_entropy(self, logits, targets, weights):
