@@ -91,8 +91,9 @@ def main(argv=None) -> int:
             ratio = f"{rec['ratio']:6.3f}" if rec["ratio"] is not None else "     -"
             temp = fmt_mib(rec["temp_bytes"]) if rec["temp_bytes"] is not None else "-"
             print(
-                f"{block:6} {grid.mode:5} {grid.describe():10} {fmt_mib(rec['measured_bytes']):>12} "
-                f"{fmt_mib(rec['theory_bytes']):>12} {ratio} {temp:>10}",
+                f"{block:6} {grid.mode:5} {grid.describe():10} "
+                f"{fmt_mib(rec['measured_bytes']):>12} {fmt_mib(rec['theory_bytes']):>12} "
+                f"{ratio} {temp:>10}",
                 flush=True,
             )
     if args.json:
