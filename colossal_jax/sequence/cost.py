@@ -1,0 +1,28 @@
+"""Closed-form communication volume of the sequence-parallel attention kernels (ORACLES.md).
+
+Elements received per device for attention over ``b·s`` tokens of width ``h = heads·head_dim``
+split over ``p`` devices on the sequence axis; multiply by the dtype size for bytes.
+"""
+
+from __future__ import annotations
+
+
+def ring_forward_elements(b: int, s: int, h: int, p: int) -> float:
+    """Ring attention forward: K and V blocks ``[b, s/p, h]`` travel p−1 hops."""
+    return 2 * (p - 1) / p * b * s * h
+
+
+def ring_backward_elements(b: int, s: int, h: int, p: int) -> float:
+    """Ring attention backward as ORACLES.md counts it: K, V and their gradients, p−1 hops each.
+    (Our kernel sends dK, dV one more hop home: ``(4p−2)/p·b·s·h``, 7% more at p = 8.)"""
+    return 4 * (p - 1) / p * b * s * h
+
+
+def ulysses_forward_elements(b: int, s: int, h: int, p: int) -> float:
+    """Ulysses forward: all-to-alls of Q, K, V and the output, each ``(p−1)/p`` of ``b·s·h/p``."""
+    return 4 * (p - 1) / p * b * s * h / p
+
+
+def ring_self_attention_forward_elements(b: int, s: int, h: int, p: int) -> float:
+    """Ring self-attention forward (Li et al. 2021): RingQK rotates K, RingAV rotates V."""
+    return 2 * (p - 1) / p * b * s * h
