@@ -89,7 +89,8 @@ def main(argv=None) -> int:
 
     print()
     print(f"bytes per device, attention kernel at seq {args.bytes_seq} (MiB; formula: ORACLES.md)")
-    header = f"{'kernel':20} {'fwd':>8} {'formula':>8} {'ratio':>6} {'bwd':>8} {'formula':>8} {'ratio':>6}"
+    cols = ("fwd", "formula", "ratio", "bwd", "formula", "ratio")
+    header = f"{'kernel':20} " + " ".join(f"{c:>{6 if c == 'ratio' else 8}}" for c in cols)
     print(header)
     print("-" * len(header))
     comm = []
