@@ -71,6 +71,11 @@ def build_parser() -> argparse.ArgumentParser:
     a("--clip-norm", type=float, default=o.clip_norm, help="global-norm clipping (0: off)")
     a("--precision", default=d.precision, help=f"one of {', '.join(PRECISIONS)}")
     a("--seed", type=int, default=d.seed)
+    a(
+        "--attention",
+        default=d.attention,
+        help="block attention kernel: auto (cuDNN flash attention on a GPU in bf16), xla, cudnn",
+    )
     a("--data", default=d.data, help="stdlib (embedded), synthetic, a text file or a .npy file")
     a("--metrics-file", default=None, help="JSON lines, one record per step")
     a("--tensorboard-dir", default=None)
@@ -169,6 +174,7 @@ def config_from_args(args, n_devices: int) -> TrainConfig:
         seq_len=args.seq_len,
         precision=args.precision,
         seed=args.seed,
+        attention=args.attention,
         data=args.data,
         checkpoint_dir=args.checkpoint_dir,
         checkpoint_every=args.checkpoint_every,

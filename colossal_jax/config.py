@@ -22,6 +22,7 @@ MESH_ORDER: tuple[str, ...] = ("data", "pipe", "seq", "tensor_depth", "tensor_ro
 """Axis order of the physical mesh: data outermost (crosses hosts), tensor innermost (NVLink)."""
 
 TENSOR_MODES = ("none", "1d", "2d", "2.5d", "3d")
+ATTENTION_IMPLS = ("auto", "xla", "cudnn")
 SEQ_MODES = ("none", "ring", "ulysses", "ring-self-attention")
 PRECISIONS = ("fp32", "bf16")
 OPTIMIZERS = ("adamw", "lamb", "lars", "sgd")
@@ -316,6 +317,8 @@ class TrainConfig:
       checkpoint_dir, checkpoint_every: orbax checkpoints (every N steps and at the end).
       metrics_file: JSON lines, one record per step. tensorboard_dir: TensorBoard event files.
       devices: use the first N devices (default: all).
+      attention: ``auto | xla | cudnn`` block attention kernel (``auto``: cuDNN flash attention
+        on a GPU in bf16, the XLA reference otherwise).
     """
 
     model: str = "gpt2-tiny"
@@ -332,6 +335,7 @@ class TrainConfig:
     tensorboard_dir: str | None = None
     log_every: int = 1
     devices: int | None = None
+    attention: str = "auto"
     optim: OptimConfig = field(default_factory=OptimConfig)
     parallel: ParallelConfig = field(default_factory=ParallelConfig)
 
@@ -344,6 +348,8 @@ class TrainConfig:
             raise ConfigError(f"--seq-len {self.seq_len} must be at least 2")
         if self.precision not in PRECISIONS:
             raise ConfigError(_choice("--precision", self.precision, PRECISIONS))
+        if self.attention not in ATTENTION_IMPLS:
+            raise ConfigError(_choice("--attention", self.attention, ATTENTION_IMPLS))
         if self.optim.name not in OPTIMIZERS:
             raise ConfigError(_choice("--optimizer", self.optim.name, OPTIMIZERS))
         if self.optim.lr <= 0:

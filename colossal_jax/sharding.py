@@ -47,13 +47,20 @@ def make_layout(cfg: ParallelConfig, mesh: Mesh) -> TensorLayout:
     raise ConfigError(f"--tensor-mode {mode!r} is unknown")
 
 
-def make_local_attention(cfg: ParallelConfig, *, causal: bool = True) -> LocalAttention:
-    """The per-device attention kernel of ``cfg.seq_mode`` (run inside the layout's shard_map)."""
+def make_local_attention(
+    cfg: ParallelConfig, *, causal: bool = True, implementation: str = "auto"
+) -> LocalAttention:
+    """The per-device attention kernel of ``cfg.seq_mode`` (run inside the layout's shard_map).
+
+    ``implementation`` (``auto | xla | cudnn``) chooses the block kernel where token order is
+    position order (no sequence split, Ulysses): ``auto`` is cuDNN flash attention on a GPU in
+    bf16/fp16 and the XLA reference otherwise (:mod:`colossal_jax.sequence.fused`).
+    """
     mode = cfg.seq_mode
     if mode == "none" or cfg.seq == 1:
-        from colossal_jax.sequence.local import dot_product_attention
+        from colossal_jax.sequence.fused import fused_attention
 
-        return functools.partial(dot_product_attention, causal=causal)
+        return functools.partial(fused_attention, causal=causal, implementation=implementation)
     if mode == "ring":
         from colossal_jax.sequence.ring import ring_attention
 
@@ -61,7 +68,9 @@ def make_local_attention(cfg: ParallelConfig, *, causal: bool = True) -> LocalAt
     if mode == "ulysses":
         from colossal_jax.sequence.ulysses import ulysses_attention
 
-        return functools.partial(ulysses_attention, axis_name="seq", causal=causal)
+        return functools.partial(
+            ulysses_attention, axis_name="seq", causal=causal, implementation=implementation
+        )
     if mode == "ring-self-attention":
         from colossal_jax.sequence.ring_self_attention import ring_self_attention
 

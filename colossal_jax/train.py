@@ -43,7 +43,7 @@ def resolve_model(cfg: TrainConfig, data_vocab: int | None) -> GPTConfig:
         model = model_config(cfg.model, **overrides)
     except KeyError as e:
         raise ConfigError(e.args[0]) from None
-    except TypeError as e:
+    except (TypeError, ValueError) as e:
         raise ConfigError(f"--set model.*: {e}") from None
     return model
 
@@ -79,10 +79,13 @@ def validate_run(cfg: TrainConfig, model: GPTConfig, layout: TensorLayout) -> No
                 f"{par.seq}; use --seq-mode ring or n_head divisible by {par.seq * head_split}"
             )
     try:
+        from colossal_jax.sequence.fused import resolve
+
+        resolve(cfg.attention, jnp.bfloat16 if cfg.precision == "bf16" else jnp.float32)
         layout.validate(
             hidden=model.n_embd, mlp=model.mlp_width, heads=model.n_head, vocab=model.vocab_size
         )
-        if model.block_size % max(1, _embedding_split(layout)):
+        if model.position == "learned" and model.block_size % max(1, _embedding_split(layout)):
             raise ValueError(
                 f"block_size {model.block_size} is not divisible by the embedding split "
                 f"{_embedding_split(layout)}"
@@ -127,7 +130,7 @@ def build(cfg: TrainConfig) -> Run:
     mesh = build_mesh(cfg.parallel, devices)
     layout = make_layout(cfg.parallel, mesh)
     validate_run(cfg, model, layout)
-    local_attention = make_local_attention(cfg.parallel)
+    local_attention = make_local_attention(cfg.parallel, implementation=cfg.attention)
 
     abstract_model = nnx.eval_shape(lambda: GPT(model, rngs=nnx.Rngs(cfg.seed)))
     graphdef, abstract_params = nnx.split(abstract_model)

@@ -29,6 +29,8 @@ class GPTConfig:
       n_layer, n_head, n_embd: depth, attention heads, hidden size.
       mlp_ratio: MLP width = ``mlp_ratio · n_embd``.
       eps: layer-norm epsilon.
+      position: ``learned`` (GPT-2's position table) or ``rope`` (rotary, no table).
+      rope_theta: RoPE base frequency.
     """
 
     vocab_size: int = 50304
@@ -38,6 +40,12 @@ class GPTConfig:
     n_embd: int = 768
     mlp_ratio: int = 4
     eps: float = 1e-5
+    position: str = "learned"
+    rope_theta: float = 10000.0
+
+    def __post_init__(self):
+        if self.position not in ("learned", "rope"):
+            raise ValueError(f"model.position {self.position!r} is not one of learned, rope")
 
     @property
     def mlp_width(self) -> int:
@@ -92,7 +100,13 @@ class Block(nnx.Module):
     def __init__(self, cfg: GPTConfig, *, rngs: nnx.Rngs):
         out_std = 0.02 / (2 * cfg.n_layer) ** 0.5  # GPT-2's scaled init of residual projections
         self.ln1 = LayerNorm(cfg.n_embd, eps=cfg.eps)
-        self.attn = SelfAttention(cfg.n_embd, cfg.n_head, rngs=rngs, out_std=out_std)
+        self.attn = SelfAttention(
+            cfg.n_embd,
+            cfg.n_head,
+            rngs=rngs,
+            out_std=out_std,
+            rope_theta=cfg.rope_theta if cfg.position == "rope" else None,
+        )
         self.ln2 = LayerNorm(cfg.n_embd, eps=cfg.eps)
         self.mlp = MLP(cfg.n_embd, cfg.mlp_width, rngs=rngs, out_std=out_std)
 
@@ -105,14 +119,18 @@ class GPT(nnx.Module):
     def __init__(self, cfg: GPTConfig, *, rngs: nnx.Rngs):
         self.cfg = cfg
         self.wte = Embed(cfg.vocab_size, cfg.n_embd, rngs=rngs)
-        self.wpe = Embed(cfg.block_size, cfg.n_embd, rngs=rngs)
+        self.wpe = (
+            Embed(cfg.block_size, cfg.n_embd, rngs=rngs) if cfg.position == "learned" else None
+        )
         self.blocks = nnx.List([Block(cfg, rngs=rngs) for _ in range(cfg.n_layer)])
         self.ln_f = LayerNorm(cfg.n_embd, eps=cfg.eps)
         self.lm_head = Dense(cfg.n_embd, cfg.vocab_size, kind="in", rngs=rngs, use_bias=False)
 
     def __call__(self, tokens: jax.Array, positions: jax.Array) -> jax.Array:
         """Logits ``[b, s, vocab]`` for token ids and their positions, both ``[b, s]``."""
-        x = self.wte(tokens) + self.wpe(positions)
+        x = self.wte(tokens)
+        if self.wpe is not None:
+            x = x + self.wpe(positions)
         for block in self.blocks:
             x = block(x, positions)
         return self.lm_head(self.ln_f(x))

@@ -12,6 +12,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from colossal_jax.layers.context import active
+from colossal_jax.layers.rope import with_rope
 from colossal_jax.tensor.layout import LinearKind
 
 _normal = jax.nn.initializers.normal
@@ -71,10 +72,20 @@ class Embed(nnx.Module):
 
 
 class SelfAttention(nnx.Module):
-    """Multi-head self-attention; the attention kernel comes from the sequence mode."""
+    """Multi-head self-attention; the attention kernel comes from the sequence mode. With
+    ``rope_theta`` queries and keys are rotated by their positions (RoPE) inside the kernel."""
 
-    def __init__(self, hidden: int, heads: int, *, rngs: nnx.Rngs, out_std: float = 0.02):
+    def __init__(
+        self,
+        hidden: int,
+        heads: int,
+        *,
+        rngs: nnx.Rngs,
+        out_std: float = 0.02,
+        rope_theta: float | None = None,
+    ):
         self.heads = heads
+        self.rope_theta = rope_theta
         self.query = Dense(hidden, hidden, kind="in", rngs=rngs)
         self.key = Dense(hidden, hidden, kind="in", rngs=rngs)
         self.value = Dense(hidden, hidden, kind="in", rngs=rngs)
@@ -82,13 +93,16 @@ class SelfAttention(nnx.Module):
 
     def __call__(self, x: jax.Array, positions: jax.Array) -> jax.Array:
         par = active()
+        local = par.local_attention
+        if self.rope_theta is not None:
+            local = with_rope(local, self.rope_theta)
         o = par.layout.attention(
             self.query(x),
             self.key(x),
             self.value(x),
             positions,
             heads=self.heads,
-            local_attention=par.local_attention,
+            local_attention=local,
         )
         return self.out(o)
 

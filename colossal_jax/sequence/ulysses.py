@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import jax
 
+from colossal_jax.sequence.fused import fused_attention
 from colossal_jax.sequence.local import dot_product_attention
 
 
@@ -33,6 +34,7 @@ def ulysses_attention(
     *,
     axis_name: str,
     causal: bool = True,
+    implementation: str = "xla",
 ) -> jax.Array:
     """Ulysses attention over ``axis_name``; call *inside* a ``shard_map`` including that axis.
 
@@ -41,6 +43,9 @@ def ulysses_attention(
       q_pos, k_pos: integer global token positions ``[b, s_local]``.
       axis_name: the sequence-parallel mesh axis.
       causal: mask keys with ``k_pos > q_pos``.
+      implementation: ``xla`` (position-masked reference) or ``auto``/``cudnn`` for the fused
+        kernel of :mod:`colossal_jax.sequence.fused` on the gathered, in-order sequence (valid
+        when the positions are contiguous and ascending, as the training loop lays them out).
 
     Returns:
       ``[b, s_local, a, d]`` in ``q``'s dtype.
@@ -62,6 +67,11 @@ def ulysses_attention(
     qh, kh, vh = seq_to_heads(q), seq_to_heads(k), seq_to_heads(v)
     q_full = jax.lax.all_gather(q_pos, axis_name, axis=1, tiled=True)
     k_full = jax.lax.all_gather(k_pos, axis_name, axis=1, tiled=True)
-    out = dot_product_attention(qh, kh, vh, q_full, k_full, causal=causal)
+    if implementation == "xla":
+        out = dot_product_attention(qh, kh, vh, q_full, k_full, causal=causal)
+    else:
+        out = fused_attention(
+            qh, kh, vh, q_full, k_full, causal=causal, implementation=implementation
+        )
     out = jax.lax.all_to_all(out, axis_name, split_axis=1, concat_axis=2, tiled=True)
     return out.astype(q.dtype)

@@ -1,0 +1,70 @@
+"""Fused attention for the local block: cuDNN flash attention on GPUs, XLA elsewhere.
+
+``jax.nn.dot_product_attention`` (layout ``[b, s, heads, head_dim]``) dispatches to cuDNN's fused
+flash-attention kernel (Dao et al. 2022, arXiv 2205.14135) with ``implementation="cudnn"``: the
+``[s, s]`` score matrix lives in on-chip memory only, so activation memory is ``O(b·s·h)``.
+cuDNN needs fp16/bf16 inputs on an NVIDIA GPU; in every other case this module falls back to the
+position-masked reference :func:`colossal_jax.sequence.local.dot_product_attention`.
+
+The fused kernel masks by *index* (``is_causal``), so it is only used where token order equals
+position order: no sequence split (``seq_mode none``) and Ulysses (whose all-to-all rebuilds the
+whole sequence in order). Ring attention's zigzag blocks are masked by positions and keep the
+reference block computation.
+
+Communication: none. Memory: cuDNN ``O(b·s·h)``; fallback ``O(b·a·s²)``.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+from colossal_jax.sequence.local import dot_product_attention
+
+IMPLEMENTATIONS = ("auto", "xla", "cudnn")
+_HALF = (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
+
+
+def resolve(implementation: str, dtype, backend: str | None = None) -> str:
+    """``"cudnn"`` or ``"xla"`` for a requested ``implementation`` and input ``dtype``.
+
+    ``auto`` picks cuDNN on a GPU backend for half-precision inputs. ``cudnn`` asked for where it
+    cannot run raises ``ValueError`` naming why.
+    """
+    if implementation not in IMPLEMENTATIONS:
+        raise ValueError(
+            f"attention implementation {implementation!r} is not one of "
+            f"{', '.join(IMPLEMENTATIONS)}"
+        )
+    backend = backend or jax.default_backend()
+    half = jnp.dtype(dtype) in _HALF
+    if implementation == "xla":
+        return "xla"
+    if implementation == "cudnn":
+        if backend != "gpu":
+            raise ValueError(
+                f"--attention cudnn needs a GPU, this backend is {backend!r}; use auto"
+            )
+        if not half:
+            raise ValueError(
+                f"--attention cudnn needs bf16 or fp16 inputs, got {jnp.dtype(dtype).name}; "
+                "use --precision bf16 or --attention auto"
+            )
+        return "cudnn"
+    return "cudnn" if backend == "gpu" and half else "xla"
+
+
+def fused_attention(
+    q: jax.Array,
+    k: jax.Array,
+    v: jax.Array,
+    q_pos: jax.Array,
+    k_pos: jax.Array,
+    *,
+    causal: bool = True,
+    implementation: str = "auto",
+) -> jax.Array:
+    """Attention on ``[b, s, a, d]`` blocks whose positions are in index order (see module)."""
+    if resolve(implementation, q.dtype) == "cudnn":
+        return jax.nn.dot_product_attention(q, k, v, is_causal=causal, implementation="cudnn")
+    return dot_product_attention(q, k, v, q_pos, k_pos, causal=causal)
