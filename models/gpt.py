@@ -71,7 +71,7 @@ def _gpt3(n_layer: int, n_head: int, n_embd: int) -> GPTConfig:
 
 
 MODELS: dict[str, GPTConfig] = {
-    "gpt2-tiny": GPTConfig(vocab_size=256, block_size=256, n_layer=2, n_head=4, n_embd=128),
+    "gpt2-tiny": GPTConfig(vocab_size=256, block_size=256, n_layer=2, n_head=8, n_embd=128),
     "gpt2-small": _gpt2(12, 12, 768),
     "gpt2-medium": _gpt2(24, 16, 1024),
     "gpt2-large": _gpt2(36, 20, 1280),

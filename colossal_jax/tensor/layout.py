@@ -104,6 +104,32 @@ def vocab_parallel_cross_entropy(
     return jnp.sum(loss * w), jnp.sum(w)
 
 
+FIELDS = {
+    "hidden size": "model.n_embd",
+    "heads": "model.n_head",
+    "mlp width": "model.mlp_ratio",
+    "vocab size": "model.vocab_size",
+}
+
+
+def check_divisible(what: str, needs: tuple[tuple[str, int, int], ...], heads_of: int) -> None:
+    """Raise ``ValueError`` for the first ``(name, value, divisor)`` with ``value % divisor``:
+    the message names the value, the split ``what`` that needs it, and a valid alternative
+    (the nearest multiple, or the largest split that divides)."""
+    for name, value, div in needs:
+        if value % div:
+            up = -(-value // div) * div
+            hint = f"--set {FIELDS[name]}={up}" if name in ("vocab size", "heads") else ""
+            if name == "hidden size":
+                hint = f"--set model.n_embd={up} (a multiple of heads={heads_of} too)"
+            if name == "mlp width":
+                hint = "a hidden size divisible by it"
+            raise ValueError(
+                f"{what} needs {name} divisible by {div}, got {value}; use {hint} or a smaller "
+                f"tensor split"
+            )
+
+
 class TensorLayout(abc.ABC):
     """How one tensor-parallel mode splits and computes a transformer.
 

@@ -29,6 +29,7 @@ from colossal_jax.tensor.layout import (
     LocalAttention,
     TensorLayout,
     attention_in_shard_map,
+    check_divisible,
     spec_axes,
     vocab_parallel_cross_entropy,
 )
@@ -58,12 +59,11 @@ class OneDLayout(TensorLayout):
         p = self.p
         if hidden % heads:
             raise ValueError(f"hidden size {hidden} is not divisible by heads={heads}")
-        for name, value in (("heads", heads), ("mlp width", mlp), ("vocab size", vocab)):
-            if value % p:
-                raise ValueError(
-                    f"1d tensor parallelism over {p} devices needs {name} divisible by {p}, got "
-                    f"{value}; use a tensor size that divides {value}"
-                )
+        check_divisible(
+            f"1d tensor parallelism over {p} devices",
+            (("heads", heads, p), ("mlp width", mlp, p), ("vocab size", vocab, p)),
+            heads,
+        )
 
     # ---- specs -------------------------------------------------------------------------------
     def residual_spec(self) -> P:

@@ -37,6 +37,7 @@ from colossal_jax.tensor.layout import (
     LocalAttention,
     TensorLayout,
     attention_in_shard_map,
+    check_divisible,
     spec_axes,
     vocab_parallel_cross_entropy,
 )
@@ -84,12 +85,7 @@ class ThreeDLayout(TensorLayout):
             ("heads", heads, q),
             ("vocab size", vocab, q),
         )
-        for name, value, div in needs:
-            if value % div:
-                raise ValueError(
-                    f"3d on a {q}×{q}×{q} cube needs {name} divisible by {div}, got {value}; "
-                    f"use a cube side q with q·q dividing the hidden and mlp sizes"
-                )
+        check_divisible(f"3d on a {q}×{q}×{q} cube", needs, heads)
 
     # ---- specs -------------------------------------------------------------------------------
     def residual_spec(self) -> P:

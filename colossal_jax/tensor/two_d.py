@@ -34,6 +34,7 @@ from colossal_jax.tensor.layout import (
     LocalAttention,
     TensorLayout,
     attention_in_shard_map,
+    check_divisible,
     spec_axes,
     vocab_parallel_cross_entropy,
 )
@@ -73,17 +74,12 @@ class TwoDLayout(TensorLayout):
         q = self.q
         if hidden % heads:
             raise ValueError(f"hidden size {hidden} is not divisible by heads={heads}")
-        for name, value in (
-            ("hidden size", hidden),
-            ("heads", heads),
-            ("mlp width", mlp),
-            ("vocab size", vocab),
-        ):
-            if value % q:
-                raise ValueError(
-                    f"{self.mode} on a {q}×{q} grid needs {name} divisible by q={q}, got {value}; "
-                    f"use a grid side that divides {value}"
-                )
+        check_divisible(
+            f"{self.mode} on a {q}×{q} grid",
+            (("hidden size", hidden, q), ("heads", heads, q), ("mlp width", mlp, q),
+             ("vocab size", vocab, q)),
+            heads,
+        )  # fmt: skip
 
     # ---- specs -------------------------------------------------------------------------------
     def residual_spec(self) -> P:
