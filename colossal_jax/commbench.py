@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal
 
@@ -26,6 +27,7 @@ from colossal_jax.mesh import build_mesh
 from colossal_jax.sequence.local import dot_product_attention
 from colossal_jax.sharding import make_layout, tree_shardings
 from colossal_jax.tensor.cost import Grid, layer_elements, mlp_elements
+from colossal_jax.tensor.layout import LocalAttention, TensorLayout
 from models.gpt import Block, GPTConfig
 
 BlockName = Literal["mlp", "layer"]
@@ -63,9 +65,46 @@ def _abstract(state, shardings, dtype):
     return jax.tree.unflatten(treedef, out)
 
 
+def compile_fwd_bwd(
+    layout: TensorLayout,
+    make: Callable[..., nnx.Module],
+    *,
+    batch: int,
+    seq: int,
+    hidden: int,
+    dtype,
+    local_attention: LocalAttention,
+    with_positions: bool,
+):
+    """Compile (abstractly, nothing is allocated) one module's forward + backward under
+    ``layout``: its output and the VJP of an output cotangent with respect to the parameters
+    and the input, all in the layout's shardings. The output is returned too, so the forward
+    collectives are not dead code."""
+    graphdef, state = nnx.split(nnx.eval_shape(lambda: make(rngs=nnx.Rngs(0))))
+    shardings = tree_shardings(state, layout)
+    params = _abstract(state, shardings, dtype)
+    mesh = layout.mesh
+    x_sharding = NamedSharding(mesh, layout.residual_spec())
+    x = jax.ShapeDtypeStruct((batch, seq, hidden), dtype, sharding=x_sharding)
+    pos = jax.ShapeDtypeStruct(
+        (batch, seq), jnp.int32, sharding=NamedSharding(mesh, layout.token_spec())
+    )
+
+    def fwd_bwd(params, x, ct, pos):
+        def f(params, x):
+            with use_parallelism(layout, local_attention):
+                model = nnx.merge(graphdef, params)
+                return model(x, pos) if with_positions else model(x)
+
+        y, vjp = jax.vjp(f, params, x)
+        return y, *vjp(ct)
+
+    fn = jax.jit(fwd_bwd, out_shardings=(x_sharding, shardings, x_sharding))
+    return fn.lower(params, x, x, pos).compile()
+
+
 def compile_block(grid: Grid, block: BlockName, shape: Shape, devices=None):
-    """The compiled forward + backward of ``block``: its output and the VJP of a given output
-    cotangent with respect to the parameters and the input."""
+    """The compiled forward + backward of ``block`` in ``grid``'s tensor mode."""
     cfg = parallel_config(grid)
     devices = list(devices if devices is not None else jax.devices())[: grid.p]
     if len(devices) < grid.p:
@@ -80,7 +119,6 @@ def compile_block(grid: Grid, block: BlockName, shape: Shape, devices=None):
             f"batch {shape.batch} is not divisible by the {layout.batch_divisor()} batch shards of "
             f"{grid.mode} {grid.describe()}"
         )
-    dtype = jnp.dtype(shape.dtype)
     model_cfg = GPTConfig(n_layer=1, n_head=shape.heads, n_embd=h, block_size=shape.seq)
     if block == "mlp":
         make = functools.partial(MLP, h, 4 * h)
@@ -88,28 +126,16 @@ def compile_block(grid: Grid, block: BlockName, shape: Shape, devices=None):
         make = functools.partial(Block, model_cfg)
     else:
         raise ValueError(f"block {block!r} is not one of mlp, layer")
-    graphdef, state = nnx.split(nnx.eval_shape(lambda: make(rngs=nnx.Rngs(0))))
-    shardings = tree_shardings(state, layout)
-    params = _abstract(state, shardings, dtype)
-    mesh = layout.mesh
-    x_sharding = NamedSharding(mesh, layout.residual_spec())
-    x = jax.ShapeDtypeStruct((shape.batch, shape.seq, h), dtype, sharding=x_sharding)
-    pos = jax.ShapeDtypeStruct(
-        (shape.batch, shape.seq), jnp.int32, sharding=NamedSharding(mesh, layout.token_spec())
+    return compile_fwd_bwd(
+        layout,
+        make,
+        batch=shape.batch,
+        seq=shape.seq,
+        hidden=h,
+        dtype=jnp.dtype(shape.dtype),
+        local_attention=functools.partial(dot_product_attention, causal=True),
+        with_positions=block == "layer",
     )
-    attention = functools.partial(dot_product_attention, causal=True)
-
-    def fwd_bwd(params, x, ct, pos):
-        def f(params, x):
-            with use_parallelism(layout, attention):
-                model = nnx.merge(graphdef, params)
-                return model(x) if block == "mlp" else model(x, pos)
-
-        y, vjp = jax.vjp(f, params, x)
-        return y, *vjp(ct)  # y is returned so its forward collectives are not dead code
-
-    fn = jax.jit(fwd_bwd, out_shardings=(x_sharding, shardings, x_sharding))
-    return fn.lower(params, x, x, pos).compile()
 
 
 def theory_bytes(grid: Grid, block: BlockName, shape: Shape) -> float:

@@ -16,16 +16,15 @@ from dataclasses import dataclass
 import jax
 import jax.numpy as jnp
 import numpy as np
-from flax import nnx
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
+from colossal_jax.commbench import compile_fwd_bwd
 from colossal_jax.config import ParallelConfig
 from colossal_jax.hlo import analyze
-from colossal_jax.layers.context import use_parallelism
 from colossal_jax.mesh import build_mesh
 from colossal_jax.sequence import cost
-from colossal_jax.sharding import make_layout, make_local_attention, tree_shardings
+from colossal_jax.sharding import make_layout, make_local_attention
 from models.gpt import Block, GPTConfig
 
 
@@ -69,34 +68,15 @@ def layer_memory_bytes(
     layout = make_layout(cfg, mesh)
     attention = make_local_attention(cfg)
     model_cfg = GPTConfig(n_layer=1, n_head=heads, n_embd=hidden, block_size=seq_len)
-    graphdef, state = nnx.split(nnx.eval_shape(lambda: Block(model_cfg, rngs=nnx.Rngs(0))))
-    shardings = tree_shardings(state, layout)
-    leaves, treedef = jax.tree.flatten(state)
-    params = jax.tree.unflatten(
-        treedef,
-        [
-            jax.ShapeDtypeStruct(x.shape, jnp.float32, sharding=s)
-            for x, s in zip(leaves, jax.tree.leaves(shardings), strict=True)
-        ],
-    )
-    x_sharding = NamedSharding(mesh, layout.residual_spec())
-    x = jax.ShapeDtypeStruct((batch, seq_len, hidden), jnp.float32, sharding=x_sharding)
-    pos = jax.ShapeDtypeStruct(
-        (batch, seq_len), jnp.int32, sharding=NamedSharding(mesh, layout.token_spec())
-    )
-
-    def fwd_bwd(params, x, ct, pos):
-        def f(params, x):
-            with use_parallelism(layout, attention):
-                return nnx.merge(graphdef, params)(x, pos)
-
-        y, vjp = jax.vjp(f, params, x)
-        return y, *vjp(ct)
-
-    compiled = (
-        jax.jit(fwd_bwd, out_shardings=(x_sharding, shardings, x_sharding))
-        .lower(params, x, x, pos)
-        .compile()
+    compiled = compile_fwd_bwd(
+        layout,
+        functools.partial(Block, model_cfg),
+        batch=batch,
+        seq=seq_len,
+        hidden=hidden,
+        dtype=jnp.float32,
+        local_attention=attention,
+        with_positions=True,
     )
     m = compiled.memory_analysis()
     return int(

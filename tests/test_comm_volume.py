@@ -3,24 +3,17 @@ hand-written modules, every tensor mode's MLP block, and ring attention at p = 8
 
 from __future__ import annotations
 
-import functools
-
-import jax
-import jax.numpy as jnp
 import numpy as np
 import pytest
-from jax.sharding import Mesh, NamedSharding
-from jax.sharding import PartitionSpec as P
 
 from colossal_jax.commbench import Shape, measure
 from colossal_jax.hlo import analyze
+from colossal_jax.seqbench import attention_bytes
 from colossal_jax.sequence.cost import (
     ring_backward_elements,
     ring_forward_elements,
     ulysses_forward_elements,
 )
-from colossal_jax.sequence.ring import ring_attention
-from colossal_jax.sequence.ulysses import ulysses_attention
 from colossal_jax.tensor.cost import Grid, grids, mlp_elements
 
 HLO = """HloModule m, num_partitions=8
@@ -81,46 +74,16 @@ def test_order_of_modes_at_scale_is_a_formula_fact():
     assert Grid("2.5d", 64, q=4, d=4) in grids(64)
 
 
-def _seq_compile(kernel, p, b, s, a, d, *, grad):
-    mesh = Mesh(np.array(jax.devices()[:p]), ("seq",))
-    spec = P(None, "seq")
-    f = jax.shard_map(
-        functools.partial(kernel, axis_name="seq", causal=True),
-        mesh=mesh,
-        in_specs=(spec,) * 5,
-        out_specs=spec,
-    )
-    x = jax.ShapeDtypeStruct((b, s, a, d), jnp.float32, sharding=NamedSharding(mesh, spec))
-    pos = jax.ShapeDtypeStruct((b, s), jnp.int32, sharding=NamedSharding(mesh, spec))
-    if grad:
-
-        def fn(q, k, v, pos):
-            out, vjp = jax.vjp(lambda q, k, v: f(q, k, v, pos, pos), q, k, v)
-            return out, vjp(out)
-
-    else:
-
-        def fn(q, k, v, pos):
-            return f(q, k, v, pos, pos)
-
-    return analyze(jax.jit(fn).lower(x, x, x, pos).compile().as_text())
-
-
 def test_ring_attention_bytes_match_formula_at_p8():
-    p, b, s, a, d = 8, 2, 256, 4, 32
-    h = a * d
-    fwd = _seq_compile(ring_attention, p, b, s, a, d, grad=False)
-    both = _seq_compile(ring_attention, p, b, s, a, d, grad=True)
-    want_fwd = ring_forward_elements(b, s, h, p) * 4
-    want_bwd = ring_backward_elements(b, s, h, p) * 4
-    assert fwd.unknown_trip_counts == 0 and both.unknown_trip_counts == 0
-    assert abs(fwd.total_bytes / want_fwd - 1) < 0.10, (fwd.total_bytes, want_fwd)
-    bwd = both.total_bytes - fwd.total_bytes
-    assert abs(bwd / want_bwd - 1) < 0.10, (bwd, want_bwd)
+    """2(p−1)/p·b·s·h forward, 4(p−1)/p·b·s·h backward (ORACLES.md), within 10%."""
+    r = attention_bytes("ring", 8, batch=2, seq_len=256, heads=4, head_dim=32)
+    assert abs(r["forward_bytes"] / r["forward_theory_bytes"] - 1) < 0.10, r
+    assert abs(r["backward_bytes"] / r["backward_theory_bytes"] - 1) < 0.10, r
+    assert r["forward_theory_bytes"] == 4 * ring_forward_elements(2, 256, 128, 8)
+    assert r["backward_theory_bytes"] == 4 * ring_backward_elements(2, 256, 128, 8)
 
 
 def test_ulysses_bytes_match_formula_at_p8():
-    p, b, s, a, d = 8, 2, 256, 8, 16
-    fwd = _seq_compile(ulysses_attention, p, b, s, a, d, grad=False)
-    want = ulysses_forward_elements(b, s, a * d, p) * 4
-    assert abs(fwd.by_op()["all-to-all"] / want - 1) < 0.10, (fwd.by_op(), want)
+    r = attention_bytes("ulysses", 8, batch=2, seq_len=256, heads=8, head_dim=16)
+    assert abs(r["forward_bytes"] / r["forward_theory_bytes"] - 1) < 0.10, r
+    assert r["forward_theory_bytes"] == 4 * ulysses_forward_elements(2, 256, 128, 8)

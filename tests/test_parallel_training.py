@@ -40,6 +40,7 @@ SEQUENCE = {
         "seq2-1d-t4": dict(data=1, seq=2, tensor_row=4, tensor_mode="1d"),
     }.items()
 }
+SEQUENCE["ring-self-attention-data2-seq4"] = dict(seq_mode="ring-self-attention", data=2, seq=4)
 
 
 @pytest.mark.parametrize("name", list(TENSOR))

@@ -18,26 +18,20 @@ import jax
 import jax.numpy as jnp
 from jax.sharding import PartitionSpec as P
 
+from colossal_jax.tensor.grid import GridLayout
 from colossal_jax.tensor.kernels import (
-    reduce_loss,
-    split_layer_norm,
     varying,
-    vocab_parallel_embed,
 )
 from colossal_jax.tensor.layout import (
     LinearKind,
-    LocalAttention,
-    TensorLayout,
-    attention_in_shard_map,
     check_divisible,
     spec_axes,
-    vocab_parallel_cross_entropy,
 )
 
 TENSOR_AXES = ("tensor_row", "tensor_col", "tensor_depth")
 
 
-class OneDLayout(TensorLayout):
+class OneDLayout(GridLayout):
     mode = "1d"
 
     @property
@@ -48,9 +42,6 @@ class OneDLayout(TensorLayout):
     @property
     def p(self) -> int:
         return self.axis_size(self.t)
-
-    def _token_axes(self) -> tuple[str, ...]:
-        return tuple(a for a in (*self.act.batch, self.act.seq) if a is not None)
 
     def batch_divisor(self) -> int:
         return self.axis_size(self.act.batch)
@@ -93,7 +84,7 @@ class OneDLayout(TensorLayout):
         replicated over ``t``, so autodiff all-reduces its gradient (``2·M·N·(p−1)/p``); the row
         linear all-reduces its output in the forward pass (``2·M·N·(p−1)/p``)."""
         t = self.t
-        reduce_axes = self._token_axes()
+        reduce_axes = self.token_axes()
 
         def column(x, w, *b):
             y = jnp.einsum("bsn,nk->bsk", x, varying(w, reduce_axes))
@@ -114,48 +105,3 @@ class OneDLayout(TensorLayout):
             in_specs = (*in_specs, self.bias_spec(kind))
         body = column if kind == "in" else row
         return jax.shard_map(body, mesh=self.mesh, in_specs=in_specs, out_specs=out_spec)(*args)
-
-    def layer_norm(self, x, scale, bias, eps: float):
-        spec = self.residual_spec()
-        return jax.shard_map(
-            lambda x, s, b: split_layer_norm(x, s, b, eps, hidden_axes=()),
-            mesh=self.mesh,
-            in_specs=(spec, self.norm_spec(), self.norm_spec()),
-            out_specs=spec,
-        )(x, scale, bias)
-
-    def embed(self, tokens, table):
-        """Vocab-parallel lookup: each device looks up its slice, one all-reduce over ``t``
-        of ``b·s·h`` (``2·b·s·h·(p−1)/p`` elements)."""
-        return jax.shard_map(
-            lambda ids, tab: vocab_parallel_embed(ids, tab, vocab_axes=self.t, scatter=False),
-            mesh=self.mesh,
-            in_specs=(self.token_spec(), self.embedding_spec()),
-            out_specs=self.residual_spec(),
-        )(tokens, table)
-
-    def attention(self, q, k, v, positions, *, heads: int, local_attention: LocalAttention):
-        return attention_in_shard_map(
-            self,
-            q,
-            k,
-            v,
-            positions,
-            heads=heads,
-            head_split=self.p,
-            local_attention=local_attention,
-        )
-
-    def cross_entropy(self, logits, targets, weights):
-        tokens = self.token_spec()
-
-        def body(logits, targets, weights):
-            total, count = vocab_parallel_cross_entropy(logits, targets, weights, self.t)
-            return reduce_loss(total, count, self._token_axes())
-
-        return jax.shard_map(
-            body,
-            mesh=self.mesh,
-            in_specs=(self.wide_spec(), tokens, tokens),
-            out_specs=(P(), P()),
-        )(logits, targets, weights)

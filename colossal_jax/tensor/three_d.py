@@ -24,26 +24,20 @@ from __future__ import annotations
 import jax
 from jax.sharding import PartitionSpec as P
 
+from colossal_jax.tensor.grid import GridLayout
 from colossal_jax.tensor.kernels import (
-    reduce_loss,
-    split_layer_norm,
     summa_matmul,
     varying,
-    vocab_parallel_embed,
 )
 from colossal_jax.tensor.layout import (
     ActivationAxes,
     LinearKind,
-    LocalAttention,
-    TensorLayout,
-    attention_in_shard_map,
     check_divisible,
     spec_axes,
-    vocab_parallel_cross_entropy,
 )
 
 
-class ThreeDLayout(TensorLayout):
+class ThreeDLayout(GridLayout):
     mode = "3d"
     i = "tensor_row"
     j = "tensor_col"
@@ -137,51 +131,3 @@ class ThreeDLayout(TensorLayout):
         specs = (src, self.weight_spec(kind)) + (() if b is None else (self.bias_spec(kind),))
         args = (x, w) if b is None else (x, w, b)
         return jax.shard_map(body, mesh=self.mesh, in_specs=specs, out_specs=dst)(*args)
-
-    def layer_norm(self, x, scale, bias, eps: float):
-        spec = self.residual_spec()
-        return jax.shard_map(
-            lambda x, s, b: split_layer_norm(x, s, b, eps, hidden_axes=(self.k,)),
-            mesh=self.mesh,
-            in_specs=(spec, self.norm_spec(), self.norm_spec()),
-            out_specs=spec,
-        )(x, scale, bias)
-
-    def embed(self, tokens, table):
-        """Vocab over ``j``, hidden over ``k``: ids of the ``i`` slab (gathered over ``j``) are
-        looked up in the local vocabulary slice, partial rows reduce-scattered over ``j`` into
-        layout A."""
-        ids_spec = P(spec_axes(*self.act.batch, self.i), self.act.seq)
-        return jax.shard_map(
-            lambda ids, tab: vocab_parallel_embed(ids, tab, vocab_axes=(self.j,), scatter=True),
-            mesh=self.mesh,
-            in_specs=(ids_spec, self.embedding_spec()),
-            out_specs=self.residual_spec(),
-        )(tokens, table)
-
-    def attention(self, q, k, v, positions, *, heads: int, local_attention: LocalAttention):
-        return attention_in_shard_map(
-            self,
-            q,
-            k,
-            v,
-            positions,
-            heads=heads,
-            head_split=self.q,
-            local_attention=local_attention,
-        )
-
-    def cross_entropy(self, logits, targets, weights):
-        tokens = self.token_spec()
-        token_axes = tuple(a for a in (*self._b_batch(), self.act.seq) if a is not None)
-
-        def body(logits, targets, weights):
-            total, count = vocab_parallel_cross_entropy(logits, targets, weights, (self.j,))
-            return reduce_loss(total, count, token_axes)
-
-        return jax.shard_map(
-            body,
-            mesh=self.mesh,
-            in_specs=(self.wide_spec(), tokens, tokens),
-            out_specs=(P(), P()),
-        )(logits, targets, weights)

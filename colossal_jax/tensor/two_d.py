@@ -21,26 +21,20 @@ from __future__ import annotations
 import jax
 from jax.sharding import PartitionSpec as P
 
+from colossal_jax.tensor.grid import GridLayout
 from colossal_jax.tensor.kernels import (
-    reduce_loss,
-    split_layer_norm,
     summa_matmul,
     varying,
-    vocab_parallel_embed,
 )
 from colossal_jax.tensor.layout import (
     ActivationAxes,
     LinearKind,
-    LocalAttention,
-    TensorLayout,
-    attention_in_shard_map,
     check_divisible,
     spec_axes,
-    vocab_parallel_cross_entropy,
 )
 
 
-class TwoDLayout(TensorLayout):
+class TwoDLayout(GridLayout):
     mode = "2d"
     row: str = "tensor_row"
     col: str = "tensor_col"
@@ -63,9 +57,6 @@ class TwoDLayout(TensorLayout):
     def batch_axes(self) -> tuple[str, ...]:
         """Axes splitting the batch dimension, major to minor: data, depth, row."""
         return (*self.act.batch, *self.depth, self.row)
-
-    def _token_axes(self) -> tuple[str, ...]:
-        return tuple(a for a in (*self.batch_axes, self.act.seq) if a is not None)
 
     def batch_divisor(self) -> int:
         return self.axis_size(self.batch_axes)
@@ -108,7 +99,7 @@ class TwoDLayout(TensorLayout):
         matmul. ``W`` is first marked varying over the batch-splitting axes that do not split it
         (data, depth, seq), so its gradient is summed over them on the ``[N/q, K/q]`` block."""
         spec = self.residual_spec()
-        grad_axes = tuple(a for a in self._token_axes() if a != self.row)
+        grad_axes = tuple(a for a in self.token_axes() if a != self.row)
 
         def body(x, w, *b):
             y = summa_matmul(
@@ -119,51 +110,3 @@ class TwoDLayout(TensorLayout):
         specs = (spec, self.weight_spec(kind)) + (() if b is None else (self.bias_spec(kind),))
         args = (x, w) if b is None else (x, w, b)
         return jax.shard_map(body, mesh=self.mesh, in_specs=specs, out_specs=spec)(*args)
-
-    def layer_norm(self, x, scale, bias, eps: float):
-        spec = self.residual_spec()
-        return jax.shard_map(
-            lambda x, s, b: split_layer_norm(x, s, b, eps, hidden_axes=(self.col,)),
-            mesh=self.mesh,
-            in_specs=(spec, self.norm_spec(), self.norm_spec()),
-            out_specs=spec,
-        )(x, scale, bias)
-
-    def embed(self, tokens, table):
-        """Vocab split over ``r``, hidden over ``c``: each device looks up the token ids of its
-        whole grid row (ids gathered over ``r``, a few int32s) in its vocabulary slice; the
-        partial embeddings are reduce-scattered over ``r`` back to the batch blocks
-        (``b·s·h/q·(q−1)/q`` elements per device)."""
-        ids_spec = P(spec_axes(*self.act.batch, *self.depth), self.act.seq)
-        return jax.shard_map(
-            lambda ids, tab: vocab_parallel_embed(ids, tab, vocab_axes=(self.row,), scatter=True),
-            mesh=self.mesh,
-            in_specs=(ids_spec, self.embedding_spec()),
-            out_specs=self.residual_spec(),
-        )(tokens, table)
-
-    def attention(self, q, k, v, positions, *, heads: int, local_attention: LocalAttention):
-        return attention_in_shard_map(
-            self,
-            q,
-            k,
-            v,
-            positions,
-            heads=heads,
-            head_split=self.q,
-            local_attention=local_attention,
-        )
-
-    def cross_entropy(self, logits, targets, weights):
-        tokens = self.token_spec()
-
-        def body(logits, targets, weights):
-            total, count = vocab_parallel_cross_entropy(logits, targets, weights, (self.col,))
-            return reduce_loss(total, count, self._token_axes())
-
-        return jax.shard_map(
-            body,
-            mesh=self.mesh,
-            in_specs=(self.wide_spec(), tokens, tokens),
-            out_specs=(P(), P()),
-        )(logits, targets, weights)
