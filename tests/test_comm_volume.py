@@ -63,6 +63,14 @@ def test_mlp_block_bytes_match_formula(grid):
     assert abs(rec["measured_bytes"] / theory - 1) < 0.10, rec
 
 
+@pytest.mark.parametrize("grid", [g for n in (4, 8) for g in grids(n)], ids=str)
+def test_layer_bytes_match_formula(grid):
+    """A whole layer: fused Q/K/V (one input gather and one gradient reduction), output
+    projection, MLP and two split layer norms."""
+    rec = measure(grid, "layer", SMALL)
+    assert abs(rec["measured_bytes"] / rec["theory_bytes"] - 1) < 0.10, rec
+
+
 def test_order_of_modes_at_scale_is_a_formula_fact():
     """At 64 devices 3D < 2.5D < 2D < 1D for the MLP block (ORACLES.md worked table)."""
     m, h = 4096, 1024

@@ -183,3 +183,22 @@ def test_layouts_chain_without_gathering_activations():
             split = layout.axis_size(spec[0]) * layout.axis_size(spec[2])
             assert split == layout.mesh.size, (name, spec)
         assert P() not in (layout.residual_spec(), layout.wide_spec())
+
+
+@pytest.mark.parametrize("name", list(MODES))
+def test_linears_sharing_an_input(name):
+    """Q, K and V in one kernel (one input gather, one input-gradient reduction)."""
+
+    def fn(lay, x, wq, wk, wv, bq, bk, bv):
+        return lay.linears(x, [wq, wk, wv], [bq, bk, bv], "in")
+
+    w = lambda lay: lay.weight_spec("in")  # noqa: E731
+    b = lambda lay: lay.bias_spec("in")  # noqa: E731
+    _check(
+        name,
+        fn,
+        (_rand(20, (B, S, H)), *(_rand(21 + i, (H, H), 0.3) for i in range(3)),
+         *(_rand(24 + i, (H,)) for i in range(3))),
+        (lambda lay: lay.residual_spec(), w, w, w, b, b, b),
+        lambda lay: lay.wide_spec(),
+    )  # fmt: skip

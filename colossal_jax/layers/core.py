@@ -96,10 +96,14 @@ class SelfAttention(nnx.Module):
         local = par.local_attention
         if self.rope_theta is not None:
             local = with_rope(local, self.rope_theta)
+        dense = (self.query, self.key, self.value)
+        biases = None if any(d.bias is None for d in dense) else [d.bias[...] for d in dense]
+        # one call: layouts gather x once and reduce its gradient once (fused QKV)
+        q, k, v = par.layout.linears(x, [d.kernel[...] for d in dense], biases, "in")
         o = par.layout.attention(
-            self.query(x),
-            self.key(x),
-            self.value(x),
+            q,
+            k,
+            v,
             positions,
             heads=self.heads,
             local_attention=local,

@@ -100,23 +100,11 @@ def mlp_elements(grid: Grid, m: int, h: int, width: int) -> float:
     )
 
 
-def input_gather_elements(grid: Grid, m: int, n: int) -> float:
-    """The forward all-gather of a linear's input ``[m, n]`` alone (half the ``M·N`` term)."""
-    q, d = grid.q, grid.d
-    if grid.mode == "2d":
-        return (q - 1) / q**2 * m * n
-    if grid.mode == "2.5d":
-        return (q - 1) / (d * q**2) * m * n
-    if grid.mode == "3d":
-        return (q - 1) / q**3 * m * n
-    return 0.0
-
-
 def layer_elements(grid: Grid, m: int, h: int, width: int) -> float:
     """One pre-LN transformer layer: Q, K, V and output projections, the MLP, two LayerNorms.
-    Attention itself is local to each device's heads in every tensor mode. Q, K and V read the
-    same input, so its forward all-gather happens once, not three times (XLA merges the identical
-    gathers)."""
-    qkv = 3 * linear_elements(grid, m, h, h) - 2 * input_gather_elements(grid, m, h)
+    Q, K and V read the same input in one kernel (``linears``): their input is gathered once and
+    its gradient reduced once, so together they cost one linear ``h → 3h``. Attention itself is
+    local to each device's heads in every tensor mode."""
+    qkv = linear_elements(grid, m, h, 3 * h)
     out = linear_elements(grid, m, h, h, row_parallel=True)
     return qkv + out + mlp_elements(grid, m, h, width) + 2 * layer_norm_elements(grid, m)

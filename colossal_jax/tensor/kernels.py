@@ -33,37 +33,6 @@ def varying(x: jax.Array, axes: AxisNames) -> jax.Array:
     return jax.lax.pcast(x, todo, to="varying") if todo else x
 
 
-def summa_matmul(
-    x: jax.Array,
-    w: jax.Array,
-    *,
-    x_gather: str | AxisNames | None,
-    x_gather_dim: int,
-    w_gather: str | AxisNames | None,
-    scatter: str | AxisNames | None = None,
-    scatter_dim: int = 0,
-) -> jax.Array:
-    """``gather(x) @ gather(w)``, optionally reduce-scattered: the one matmul of every mode.
-
-    - 2D (SUMMA, van de Geijn & Watts 1997; Optimus, Xu et al. 2021): gather ``x`` over the
-      column axis on its hidden dimension and ``w`` over the row axis on its rows; no scatter.
-    - 3D (Bian et al. 2021): gather ``x`` over j on its batch dimension and ``w`` over i on its
-      rows, then reduce-scatter the partial product over k on the batch dimension.
-
-    Autodiff turns each all-gather into a reduce-scatter of the gradient and the reduce-scatter
-    into an all-gather, keeping the gathered blocks as residuals (2/3 of the re-broadcasting
-    volume of Colossal-AI's hand-written backward, see ORACLES.md).
-    """
-    if x_gather is not None:
-        x = jax.lax.all_gather(x, x_gather, axis=x_gather_dim, tiled=True)
-    if w_gather is not None:
-        w = jax.lax.all_gather(w, w_gather, axis=0, tiled=True)
-    y = jnp.einsum("bsn,nk->bsk", x, w)
-    if scatter is not None:
-        y = jax.lax.psum_scatter(y, scatter, scatter_dimension=scatter_dim, tiled=True)
-    return y
-
-
 def split_layer_norm(
     x: jax.Array,
     scale: jax.Array,

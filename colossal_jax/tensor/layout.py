@@ -199,6 +199,20 @@ class TensorLayout(abc.ABC):
     ) -> jax.Array:
         """``x @ w + b``: residual -> wide for ``"in"``, wide -> residual for ``"out"``."""
 
+    def linears(
+        self,
+        x: jax.Array,
+        ws: list[jax.Array],
+        bs: list[jax.Array] | None,
+        kind: LinearKind,
+    ) -> list[jax.Array]:
+        """Several linears reading the same ``x`` (Q, K, V). Layouts that move data override
+        this to gather ``x`` once and reduce its gradient once."""
+        return [
+            self.linear(x, w, None if bs is None else b, kind)
+            for w, b in zip(ws, bs or ws, strict=True)
+        ]
+
     @abc.abstractmethod
     def layer_norm(self, x: jax.Array, scale: jax.Array, bias: jax.Array, eps: float) -> jax.Array:
         """LayerNorm over the (possibly split) hidden dimension of a residual-layout ``x``."""

@@ -19,9 +19,7 @@ import jax.numpy as jnp
 from jax.sharding import PartitionSpec as P
 
 from colossal_jax.tensor.grid import GridLayout
-from colossal_jax.tensor.kernels import (
-    varying,
-)
+from colossal_jax.tensor.kernels import varying
 from colossal_jax.tensor.layout import (
     LinearKind,
     check_divisible,
@@ -78,30 +76,15 @@ class OneDLayout(GridLayout):
     def embedding_spec(self) -> P:
         return P(self.t, None)
 
-    # ---- kernels ------------------------------------------------------------------------------
-    def linear(self, x, w, b, kind: LinearKind):
-        """Column (``"in"``) or row (``"out"``) parallel linear. The column linear's input is
-        replicated over ``t``, so autodiff all-reduces its gradient (``2·M·N·(p−1)/p``); the row
-        linear all-reduces its output in the forward pass (``2·M·N·(p−1)/p``)."""
-        t = self.t
-        reduce_axes = self.token_axes()
+    # ---- per-device linear pieces (see GridLayout.linears) -----------------------------------
+    def _gather_input(self, x, kind: LinearKind):
+        """The column linear's input is replicated over ``t``: nothing to gather, but it is
+        cast to varying over ``t`` once, so the transposed cast — one all-reduce of the summed
+        input gradient (``2·M·N·(p−1)/p``) — serves every linear sharing ``x``."""
+        return varying(x, self.t) if kind == "in" else x
 
-        def column(x, w, *b):
-            y = jnp.einsum("bsn,nk->bsk", x, varying(w, reduce_axes))
-            return y + b[0] if b else y
-
-        def row(x, w, *b):
-            y = jax.lax.psum(jnp.einsum("bsn,nk->bsk", x, varying(w, reduce_axes)), t)
-            return y + b[0] if b else y
-
-        in_specs = (
-            (self.residual_spec(), self.weight_spec(kind))
-            if kind == "in"
-            else (self.wide_spec(), self.weight_spec(kind))
-        )
-        out_spec = self.wide_spec() if kind == "in" else self.residual_spec()
-        args = (x, w) if b is None else (x, w, b)
-        if b is not None:
-            in_specs = (*in_specs, self.bias_spec(kind))
-        body = column if kind == "in" else row
-        return jax.shard_map(body, mesh=self.mesh, in_specs=in_specs, out_specs=out_spec)(*args)
+    def _matmul(self, x, w, kind: LinearKind):
+        """Column (``"in"``): ``x @ w`` into ``[M, K/p]``. Row (``"out"``): ``psum(x @ w)``, the
+        forward all-reduce of the output (``2·M·N·(p−1)/p``)."""
+        y = jnp.einsum("bsn,nk->bsk", x, w)
+        return y if kind == "in" else jax.lax.psum(y, self.t)

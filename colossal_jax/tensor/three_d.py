@@ -22,13 +22,10 @@ Communication per device, one linear ``[M, N] @ [N, K]`` forward + backward:
 from __future__ import annotations
 
 import jax
+import jax.numpy as jnp
 from jax.sharding import PartitionSpec as P
 
 from colossal_jax.tensor.grid import GridLayout
-from colossal_jax.tensor.kernels import (
-    summa_matmul,
-    varying,
-)
 from colossal_jax.tensor.layout import (
     ActivationAxes,
     LinearKind,
@@ -61,10 +58,6 @@ class ThreeDLayout(GridLayout):
 
     def _b_batch(self) -> tuple[str, ...]:
         return (*self.act.batch, self.i, self.k)
-
-    def _reduce_axes(self) -> tuple[str, ...]:
-        """Axes that split tokens but not weights: weight gradients are summed over them."""
-        return tuple(a for a in (*self.act.batch, self.act.seq) if a is not None)
 
     def batch_divisor(self) -> int:
         return self.axis_size(self.act.batch) * self.q * self.q
@@ -103,31 +96,14 @@ class ThreeDLayout(GridLayout):
     def embedding_spec(self) -> P:
         return P(self.j, self.k)
 
-    # ---- kernels ------------------------------------------------------------------------------
-    def linear(self, x, w, b, kind: LinearKind):
-        """A → B (``"in"``) or B → A (``"out"``): gather ``X`` over the input layout's minor
-        batch axis, gather ``W`` over ``i``, reduce-scatter the product over the axis that split
-        the contraction."""
-        gather, scatter = (self.j, self.k) if kind == "in" else (self.k, self.j)
-        src, dst = (
-            (self.residual_spec(), self.wide_spec())
-            if kind == "in"
-            else (self.wide_spec(), self.residual_spec())
-        )
-        grad_axes = self._reduce_axes()
+    # ---- per-device linear pieces (see GridLayout.linears) -----------------------------------
+    def _gather_input(self, x, kind: LinearKind):
+        """All-gather the input over its layout's minor batch axis (``j`` for A, ``k`` for B)."""
+        return jax.lax.all_gather(x, self.j if kind == "in" else self.k, axis=0, tiled=True)
 
-        def body(x, w, *b):
-            y = summa_matmul(
-                x,
-                varying(w, grad_axes),
-                x_gather=gather,
-                x_gather_dim=0,
-                w_gather=self.i,
-                scatter=scatter,
-                scatter_dim=0,
-            )
-            return y + b[0] if b else y
-
-        specs = (src, self.weight_spec(kind)) + (() if b is None else (self.bias_spec(kind),))
-        args = (x, w) if b is None else (x, w, b)
-        return jax.shard_map(body, mesh=self.mesh, in_specs=specs, out_specs=dst)(*args)
+    def _matmul(self, x, w, kind: LinearKind):
+        """All-gather the weight over ``i``, multiply, reduce-scatter the partial sums over the
+        axis that split the contraction (``k`` for A → B, ``j`` for B → A) on the batch."""
+        y = jnp.einsum("bsn,nk->bsk", x, jax.lax.all_gather(w, self.i, axis=0, tiled=True))
+        scatter = self.k if kind == "in" else self.j
+        return jax.lax.psum_scatter(y, scatter, scatter_dimension=0, tiled=True)

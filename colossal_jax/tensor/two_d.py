@@ -19,13 +19,10 @@ activations ``M·N/q²`` (falls as 1/p), plus the transient gathered blocks ``M�
 from __future__ import annotations
 
 import jax
+import jax.numpy as jnp
 from jax.sharding import PartitionSpec as P
 
 from colossal_jax.tensor.grid import GridLayout
-from colossal_jax.tensor.kernels import (
-    summa_matmul,
-    varying,
-)
 from colossal_jax.tensor.layout import (
     ActivationAxes,
     LinearKind,
@@ -93,20 +90,12 @@ class TwoDLayout(GridLayout):
     def embedding_spec(self) -> P:
         return P(self.row, self.col)
 
-    # ---- kernels ------------------------------------------------------------------------------
-    def linear(self, x, w, b, kind: LinearKind):
-        """``Y = X·W (+ b)``: all-gather ``X`` over ``c`` and ``W`` over ``r``, one local
-        matmul. ``W`` is first marked varying over the batch-splitting axes that do not split it
-        (data, depth, seq), so its gradient is summed over them on the ``[N/q, K/q]`` block."""
-        spec = self.residual_spec()
-        grad_axes = tuple(a for a in self.token_axes() if a != self.row)
+    # ---- per-device linear pieces (see GridLayout.linears) -----------------------------------
+    def _gather_input(self, x, kind: LinearKind):
+        """All-gather the input's hidden blocks over ``c`` (``M·N/q·(q−1)/q`` per device)."""
+        return jax.lax.all_gather(x, self.col, axis=2, tiled=True)
 
-        def body(x, w, *b):
-            y = summa_matmul(
-                x, varying(w, grad_axes), x_gather=self.col, x_gather_dim=2, w_gather=self.row
-            )
-            return y + b[0] if b else y
-
-        specs = (spec, self.weight_spec(kind)) + (() if b is None else (self.bias_spec(kind),))
-        args = (x, w) if b is None else (x, w, b)
-        return jax.shard_map(body, mesh=self.mesh, in_specs=specs, out_specs=spec)(*args)
+    def _matmul(self, x, w, kind: LinearKind):
+        """All-gather the weight's row blocks over ``r`` and multiply: the output
+        ``[M/q, K/q]`` block is already in the activation layout."""
+        return jnp.einsum("bsn,nk->bsk", x, jax.lax.all_gather(w, self.row, axis=0, tiled=True))
