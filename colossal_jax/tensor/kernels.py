@@ -18,7 +18,9 @@ def _varying_axes(x: jax.Array) -> frozenset[str]:
     t = jax.typeof(x)
     if hasattr(t, "vma"):
         return frozenset(t.vma)
-    return frozenset(t.manual_axis_type.varying)
+    if hasattr(t, "manual_axis_type"):
+        return frozenset(t.manual_axis_type.varying)
+    return frozenset()
 
 
 def varying(x: jax.Array, axes: AxisNames) -> jax.Array:
@@ -30,7 +32,11 @@ def varying(x: jax.Array, axes: AxisNames) -> jax.Array:
     """
     have = _varying_axes(x)
     todo = tuple(a for a in axes if a not in have)
-    return jax.lax.pcast(x, todo, to="varying") if todo else x
+    if not todo:
+        return x
+    if hasattr(jax.lax, "pcast"):
+        return jax.lax.pcast(x, todo, to="varying")
+    return jax.lax.pvary(x, todo)  # the same cast under its earlier name
 
 
 def split_layer_norm(
