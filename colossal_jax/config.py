@@ -318,7 +318,8 @@ class TrainConfig:
       metrics_file: JSON lines, one record per step. tensorboard_dir: TensorBoard event files.
       devices: use the first N devices (default: all).
       attention: ``auto | xla | cudnn`` block attention kernel (``auto``: cuDNN flash attention
-        on a GPU in bf16, the XLA reference otherwise).
+        on a GPU in bf16, the XLA reference otherwise). It applies with no sequence split and to
+        Ulysses; ring kernels always use their own blockwise XLA computation.
     """
 
     model: str = "gpt2-tiny"
@@ -350,6 +351,16 @@ class TrainConfig:
             raise ConfigError(_choice("--precision", self.precision, PRECISIONS))
         if self.attention not in ATTENTION_IMPLS:
             raise ConfigError(_choice("--attention", self.attention, ATTENTION_IMPLS))
+        ring_kernel = self.parallel.seq > 1 and self.parallel.seq_mode in (
+            "ring",
+            "ring-self-attention",
+        )
+        if self.attention == "cudnn" and ring_kernel:
+            raise ConfigError(
+                f"--attention cudnn cannot run inside --seq-mode {self.parallel.seq_mode} (its "
+                "blocks are masked by position and combined by log-sum-exp); use --attention auto "
+                "or --seq-mode ulysses"
+            )
         if self.optim.name not in OPTIMIZERS:
             raise ConfigError(_choice("--optimizer", self.optim.name, OPTIMIZERS))
         if self.optim.lr <= 0:

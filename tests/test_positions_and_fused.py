@@ -71,3 +71,13 @@ def test_fused_call_semantics_match_reference():
     xla = jax.nn.dot_product_attention(q, k, v, is_causal=True, implementation="xla")
     np.testing.assert_allclose(xla, ref, rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(fused_attention(q, k, v, pos, pos), ref, rtol=1e-6)
+
+
+def test_cudnn_is_refused_where_it_would_have_no_effect():
+    from colossal_jax.config import ConfigError, ParallelConfig, TrainConfig
+
+    for mode in ("ring", "ring-self-attention"):
+        cfg = TrainConfig(attention="cudnn", parallel=ParallelConfig(seq=2, seq_mode=mode))
+        with pytest.raises(ConfigError, match="use --attention auto"):
+            cfg.validate()
+    TrainConfig(attention="cudnn", parallel=ParallelConfig(seq=2, seq_mode="ulysses")).validate()

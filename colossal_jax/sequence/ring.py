@@ -58,7 +58,7 @@ def ring_attention(
     return _ring(axis_name, causal, q, k, v, q_pos, k_pos)
 
 
-def _shift(x, axis_name: str, p: int):
+def ring_shift(x, axis_name: str, p: int):
     """Send every block one hop along the ring: device j -> j + 1 (mod p)."""
     return jax.lax.ppermute(x, axis_name, perm=[(j, (j + 1) % p) for j in range(p)])
 
@@ -99,7 +99,7 @@ def _forward(axis_name, causal, q, k, v, q_pos, k_pos):
 
     def step(_, carry):
         k_t, v_t, kp_t, m, den, o = carry
-        k_t, v_t, kp_t = _shift((k_t, v_t, kp_t), axis_name, p)
+        k_t, v_t, kp_t = ring_shift((k_t, v_t, kp_t), axis_name, p)
         m, den, o = _fwd_block((m, den, o), q, k_t, v_t, q_pos, kp_t, causal, scale)
         return k_t, v_t, kp_t, m, den, o
 
@@ -149,13 +149,13 @@ def _ring_bwd(axis_name, causal, res, g):
     def step(_, carry):
         k_t, v_t, kp_t, dk_t, dv_t, dq = carry
         # the key block and its travelling gradient move together, one hop
-        k_t, v_t, kp_t, dk_t, dv_t = _shift((k_t, v_t, kp_t, dk_t, dv_t), axis_name, p)
+        k_t, v_t, kp_t, dk_t, dv_t = ring_shift((k_t, v_t, kp_t, dk_t, dv_t), axis_name, p)
         dq_i, dk_i, dv_i = _bwd_block(qf, k_t, v_t, q_pos, kp_t, do, delta, lse, causal, scale)
         return k_t, v_t, kp_t, dk_t + dk_i, dv_t + dv_i, dq + dq_i
 
     _, _, _, dk, dv, dq = jax.lax.fori_loop(0, p - 1, step, (k, v, k_pos, dk, dv, dq))
     # the p-th hop brings each key block's gradient home (k, v themselves need not travel)
-    dk, dv = _shift((dk, dv), axis_name, p)
+    dk, dv = ring_shift((dk, dv), axis_name, p)
     return dq.astype(q.dtype), dk.astype(k.dtype), dv.astype(v.dtype), None, None
 
 

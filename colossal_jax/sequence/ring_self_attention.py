@@ -27,9 +27,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-
-def _shift(x, axis_name: str, p: int):
-    return jax.lax.ppermute(x, axis_name, perm=[(j, (j + 1) % p) for j in range(p)])
+from colossal_jax.sequence.ring import ring_shift
 
 
 def ring_self_attention(
@@ -61,7 +59,7 @@ def ring_self_attention(
     k_t, kp_t = k, k_pos
     for t in range(p):
         if t > 0:
-            k_t, kp_t = _shift((k_t, kp_t), axis_name, p)
+            k_t, kp_t = ring_shift((k_t, kp_t), axis_name, p)
         s = jnp.einsum("bqad,bkad->baqk", q, k_t, preferred_element_type=jnp.float32) * scale
         if causal:
             visible = kp_t[:, None, None, :] <= q_pos[:, None, :, None]
@@ -77,7 +75,7 @@ def ring_self_attention(
     v_t = v
     for t in range(p):
         if t > 0:
-            v_t = _shift(v_t, axis_name, p)
+            v_t = ring_shift(v_t, axis_name, p)
         pr = probs[..., t * s_loc : (t + 1) * s_loc].astype(v.dtype)
         part = jnp.einsum("baqk,bkad->bqad", pr, v_t, preferred_element_type=jnp.float32)
         out = part if out is None else out + part

@@ -104,30 +104,23 @@ def vocab_parallel_cross_entropy(
     return jnp.sum(loss * w), jnp.sum(w)
 
 
-FIELDS = {
-    "hidden size": "model.n_embd",
-    "heads": "model.n_head",
-    "mlp width": "model.mlp_ratio",
-    "vocab size": "model.vocab_size",
-}
-
-
-def check_divisible(what: str, needs: tuple[tuple[str, int, int], ...], heads_of: int) -> None:
-    """Raise ``ValueError`` for the first ``(name, value, divisor)`` with ``value % divisor``:
-    the message names the value, the split ``what`` that needs it, and a valid alternative
-    (the nearest multiple, or the largest split that divides)."""
+def check_divisible(what: str, needs: tuple[tuple[str, int, int], ...], heads: int) -> None:
+    """Raise ``ValueError`` for the first ``(name, value, divisor)`` with ``value % divisor``,
+    naming the value, the split ``what`` that needs it and a valid alternative."""
     for name, value, div in needs:
-        if value % div:
-            up = -(-value // div) * div
-            hint = f"--set {FIELDS[name]}={up}" if name in ("vocab size", "heads") else ""
-            if name == "hidden size":
-                hint = f"--set model.n_embd={up} (a multiple of heads={heads_of} too)"
-            if name == "mlp width":
-                hint = "a hidden size divisible by it"
-            raise ValueError(
-                f"{what} needs {name} divisible by {div}, got {value}; use {hint} or a smaller "
-                f"tensor split"
-            )
+        if value % div == 0:
+            continue
+        up = -(-value // div) * div
+        hint = {
+            "heads": f"--set model.n_head={up}",
+            "vocab size": f"--set model.vocab_size={up}",
+            "hidden size": f"--set model.n_embd={up} (a multiple of heads={heads} too)",
+            "mlp width": f"a model.n_embd whose mlp width (mlp_ratio·n_embd) divides by {div}",
+        }[name]
+        raise ValueError(
+            f"{what} needs {name} divisible by {div}, got {value}; use {hint} or a smaller "
+            "tensor split"
+        )
 
 
 class TensorLayout(abc.ABC):
@@ -208,10 +201,9 @@ class TensorLayout(abc.ABC):
     ) -> list[jax.Array]:
         """Several linears reading the same ``x`` (Q, K, V). Layouts that move data override
         this to gather ``x`` once and reduce its gradient once."""
-        return [
-            self.linear(x, w, None if bs is None else b, kind)
-            for w, b in zip(ws, bs or ws, strict=True)
-        ]
+        if bs is None:
+            return [self.linear(x, w, None, kind) for w in ws]
+        return [self.linear(x, w, b, kind) for w, b in zip(ws, bs, strict=True)]
 
     @abc.abstractmethod
     def layer_norm(self, x: jax.Array, scale: jax.Array, bias: jax.Array, eps: float) -> jax.Array:
