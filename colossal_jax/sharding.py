@@ -5,6 +5,11 @@ Every parameter created by the library's layers carries a ``role`` (``weight_in`
 ``weight_out``, ``bias_in``, ``bias_out``, ``norm``, ``embedding``); the active layout maps each
 role to a ``PartitionSpec``. Optimizer-state leaves that mirror a parameter (Adam moments, momenta)
 keep that role, so they get the same spec — plus ``data`` under ZeRO-1.
+
+Parameters of the layer stack also carry ``layer_axis`` (their leading dimension indexes layers):
+one rule, here, prepends that dimension's entry for every tensor mode — ``None`` (unsplit)
+without a pipeline, ``pipe`` with one. A spec whose rank differs from its array's is an error,
+never a silent reshard.
 """
 
 from __future__ import annotations
@@ -18,6 +23,7 @@ from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from colossal_jax.config import ConfigError, ParallelConfig
+from colossal_jax.layers.stack import LAYER_AXIS
 from colossal_jax.tensor.layout import ActivationAxes, LocalAttention, TensorLayout
 from colossal_jax.tensor.replicated import ReplicatedLayout
 
@@ -97,14 +103,20 @@ def _axes_of(entry) -> tuple[str, ...]:
     return (entry,) if isinstance(entry, str) else tuple(entry)
 
 
-def zero_spec(spec: P, shape: tuple[int, ...], mesh: Mesh, axis: str = "data") -> P:
-    """Add ``axis`` to the first dimension of ``spec`` that still divides by it (ZeRO, Rajbhandari
-    et al. 2020). A tensor with no such dimension stays as it is (replicated over ``axis``)."""
+def zero_spec(
+    spec: P, shape: tuple[int, ...], mesh: Mesh, axis: str = "data", *, skip: int = 0
+) -> P:
+    """Add ``axis`` to the first dimension of ``spec`` (from ``skip`` on) that still divides by it
+    (ZeRO, Rajbhandari et al. 2020). A tensor with no such dimension stays as it is (replicated
+    over ``axis``). Stacked parameters skip their layer dimension, so each layer's slice is
+    sharded the same way whatever the depth."""
     n = mesh.shape[axis]
     entries = list(spec) + [None] * (len(shape) - len(spec))
     if n == 1 or any(axis in _axes_of(e) for e in entries):
         return P(*entries)
     for dim, entry in enumerate(entries):
+        if dim < skip:
+            continue
         axes = _axes_of(entry)
         split = 1
         for a in axes:
@@ -120,31 +132,58 @@ def is_variable(x) -> bool:
     return isinstance(x, nnx.Variable)
 
 
-def tree_shardings(tree, layout: TensorLayout, *, zero_axis: str | None = None) -> object:
+def variable_spec(
+    variable: nnx.Variable, layout: TensorLayout, *, layer_entry: str | None = None
+) -> P:
+    """The spec of one parameter (or optimizer-state mirror of one): its role's spec, with the
+    layer dimension's entry prepended for stacked parameters. Raises ``ValueError`` when the
+    spec's rank differs from the array's."""
+    meta = variable.get_metadata()
+    role = meta.get("role")
+    shape = tuple(variable.get_value().shape)
+    if role is None:
+        return P()
+    spec = role_spec(layout, role)
+    if meta.get(LAYER_AXIS) is not None:
+        spec = P(layer_entry, *spec)
+    if len(spec) != len(shape):
+        raise ValueError(
+            f"a {role} parameter of shape {shape} got the {len(spec)}-dimensional spec {spec} "
+            f"under {layout.mode}; stacked parameters need layer_axis metadata"
+        )
+    return spec
+
+
+def tree_shardings(
+    tree,
+    layout: TensorLayout,
+    *,
+    zero_axis: str | None = None,
+    layer_entry: str | None = None,
+) -> object:
     """A NamedSharding for every leaf of ``tree`` (an nnx State, or an optimizer state holding
-    nnx Variables). Variables get their role's spec (+ ZeRO ``zero_axis``); other leaves
-    (step counters, scalars) are replicated."""
+    nnx Variables). Variables get their role's spec (+ ZeRO ``zero_axis``; stacked parameters
+    get ``layer_entry`` — ``None`` or ``"pipe"`` — on their layer dimension); other leaves (step
+    counters, scalars) are replicated."""
     mesh = layout.mesh
 
     def one(leaf):
         if is_variable(leaf):
-            role = leaf.get_metadata().get("role")
-            if role is None:
-                return NamedSharding(mesh, P())
-            spec = role_spec(layout, role)
-            if zero_axis is not None:
-                spec = zero_spec(spec, tuple(leaf.get_value().shape), mesh, zero_axis)
+            spec = variable_spec(leaf, layout, layer_entry=layer_entry)
+            if zero_axis is not None and leaf.get_metadata().get("role") is not None:
+                skip = 1 if leaf.get_metadata().get(LAYER_AXIS) is not None else 0
+                spec = zero_spec(spec, tuple(leaf.get_value().shape), mesh, zero_axis, skip=skip)
             return NamedSharding(mesh, spec)
         return NamedSharding(mesh, P())
 
     return jax.tree.map(one, tree, is_leaf=is_variable)
 
 
-def param_specs(state, layout: TensorLayout):
+def param_specs(state, layout: TensorLayout, *, layer_entry: str | None = None):
     """PartitionSpecs (not shardings) of an nnx State under ``layout``."""
     return jax.tree.map(
         lambda s: s.spec,
-        tree_shardings(state, layout),
+        tree_shardings(state, layout, layer_entry=layer_entry),
         is_leaf=lambda x: isinstance(x, NamedSharding),
     )
 

@@ -16,7 +16,8 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from colossal_jax.layers import MLP, Dense, Embed, LayerNorm, SelfAttention, cross_entropy
+from colossal_jax.layers import MLP, Dense, Embed, LayerNorm, SelfAttention, Stack
+from colossal_jax.layers.core import token_loss_sums
 
 
 @dataclass(frozen=True)
@@ -116,30 +117,46 @@ class Block(nnx.Module):
 
 
 class GPT(nnx.Module):
-    def __init__(self, cfg: GPTConfig, *, rngs: nnx.Rngs):
+    """``embed → blocks → head``: the three parts a pipeline schedule, gradient accumulation and
+    remat wrap. ``blocks`` is a :class:`Stack` (stacked parameters, run by a scan)."""
+
+    def __init__(self, cfg: GPTConfig, *, rngs: nnx.Rngs, unroll: bool = False):
         self.cfg = cfg
         self.wte = Embed(cfg.vocab_size, cfg.n_embd, rngs=rngs)
         self.wpe = (
             Embed(cfg.block_size, cfg.n_embd, rngs=rngs) if cfg.position == "learned" else None
         )
-        self.blocks = nnx.List([Block(cfg, rngs=rngs) for _ in range(cfg.n_layer)])
+        self.blocks = Stack(lambda r: Block(cfg, rngs=r), cfg.n_layer, rngs=rngs, unroll=unroll)
         self.ln_f = LayerNorm(cfg.n_embd, eps=cfg.eps)
         self.lm_head = Dense(cfg.n_embd, cfg.vocab_size, kind="in", rngs=rngs, use_bias=False)
 
-    def __call__(self, tokens: jax.Array, positions: jax.Array) -> jax.Array:
-        """Logits ``[b, s, vocab]`` for token ids and their positions, both ``[b, s]``."""
+    def embed(self, tokens: jax.Array, positions: jax.Array) -> jax.Array:
+        """Token (+ learned position) embeddings ``[b, s, h]``."""
         x = self.wte(tokens)
         if self.wpe is not None:
             x = x + self.wpe(positions)
-        for block in self.blocks:
-            x = block(x, positions)
+        return x
+
+    def logits(self, x: jax.Array) -> jax.Array:
         return self.lm_head(self.ln_f(x))
+
+    def head_loss(
+        self, x: jax.Array, targets: jax.Array, weights: jax.Array
+    ) -> tuple[jax.Array, jax.Array]:
+        """``(sum of weighted token losses, sum of weights)`` of the stack's output ``x``."""
+        return token_loss_sums(self.logits(x), targets, weights)
+
+    def __call__(self, tokens: jax.Array, positions: jax.Array) -> jax.Array:
+        """Logits ``[b, s, vocab]`` for token ids and their positions, both ``[b, s]``."""
+        return self.logits(self.blocks(self.embed(tokens, positions), positions))
 
     def loss(
         self, tokens: jax.Array, positions: jax.Array, targets: jax.Array, weights: jax.Array
     ) -> jax.Array:
         """Mean next-token cross-entropy over tokens with nonzero ``weights``."""
-        return cross_entropy(self(tokens, positions), targets, weights)
+        x = self.blocks(self.embed(tokens, positions), positions)
+        total, count = self.head_loss(x, targets, weights)
+        return total / jnp.maximum(count, 1.0)
 
 
 def count_params(state) -> int:

@@ -2,6 +2,7 @@
 
 from colossal_jax.layers.context import Parallelism, active, use_parallelism
 from colossal_jax.layers.core import MLP, Dense, Embed, LayerNorm, SelfAttention, cross_entropy
+from colossal_jax.layers.stack import Stack, apply_layers, stacked_filter
 
 
 def param_specs(state):
@@ -18,6 +19,9 @@ __all__ = [
     "LayerNorm",
     "Parallelism",
     "SelfAttention",
+    "Stack",
+    "apply_layers",
+    "stacked_filter",
     "active",
     "cross_entropy",
     "param_specs",

@@ -122,7 +122,15 @@ class MLP(nnx.Module):
         return self.down(jax.nn.gelu(self.up(x), approximate=True))
 
 
+def token_loss_sums(
+    logits: jax.Array, targets: jax.Array, weights: jax.Array
+) -> tuple[jax.Array, jax.Array]:
+    """``(Σ weight·cross-entropy, Σ weight)`` of wide-layout logits (vocabulary-parallel where
+    split). Sums, not a mean, so microbatches and pipeline stages can add them up."""
+    return active().layout.cross_entropy(logits, targets, weights)
+
+
 def cross_entropy(logits: jax.Array, targets: jax.Array, weights: jax.Array) -> jax.Array:
     """Mean token cross-entropy of wide-layout logits (vocabulary-parallel where split)."""
-    total, count = active().layout.cross_entropy(logits, targets, weights)
+    total, count = token_loss_sums(logits, targets, weights)
     return total / jnp.maximum(count, 1.0)

@@ -43,6 +43,7 @@ from colossal_jax.tensor.layout import (
     LocalAttention,
     TensorLayout,
     attention_in_shard_map,
+    sharded,
     spec_axes,
     vocab_parallel_cross_entropy,
 )
@@ -104,16 +105,16 @@ class GridLayout(TensorLayout):
         if bs is not None:
             in_specs += ([self.bias_spec(kind)] * n,)
             args += (list(bs),)
-        return jax.shard_map(body, mesh=self.mesh, in_specs=in_specs, out_specs=[dst] * n)(*args)
+        return sharded(body, self.mesh, in_specs, [dst] * n)(*args)
 
     def layer_norm(self, x, scale, bias, eps: float):
         spec = self.residual_spec()
         hidden = self.hidden_axes()
-        return jax.shard_map(
+        return sharded(
             lambda x, s, b: split_layer_norm(x, s, b, eps, hidden_axes=hidden),
-            mesh=self.mesh,
-            in_specs=(spec, self.norm_spec(), self.norm_spec()),
-            out_specs=spec,
+            self.mesh,
+            (spec, self.norm_spec(), self.norm_spec()),
+            spec,
         )(x, scale, bias)
 
     def embed(self, tokens, table):
@@ -122,11 +123,11 @@ class GridLayout(TensorLayout):
         scatter = bool(vocab) and batch[-len(vocab) :] == vocab
         ids_batch = batch[: -len(vocab)] if scatter else batch
         ids_spec = P(spec_axes(*ids_batch), self.residual_spec()[1])
-        return jax.shard_map(
+        return sharded(
             lambda ids, tab: vocab_parallel_embed(ids, tab, vocab_axes=vocab, scatter=scatter),
-            mesh=self.mesh,
-            in_specs=(ids_spec, self.embedding_spec()),
-            out_specs=self.residual_spec(),
+            self.mesh,
+            (ids_spec, self.embedding_spec()),
+            self.residual_spec(),
         )(tokens, table)
 
     def attention(self, q, k, v, positions, *, heads: int, local_attention: LocalAttention):
@@ -149,9 +150,6 @@ class GridLayout(TensorLayout):
             total, count = vocab_parallel_cross_entropy(logits, targets, weights, vocab)
             return reduce_loss(total, count, token_axes)
 
-        return jax.shard_map(
-            body,
-            mesh=self.mesh,
-            in_specs=(self.wide_spec(), tokens, tokens),
-            out_specs=(P(), P()),
-        )(logits, targets, weights)
+        return sharded(body, self.mesh, (self.wide_spec(), tokens, tokens), (P(), P()))(
+            logits, targets, weights
+        )

@@ -12,15 +12,18 @@ import jax.numpy as jnp
 from colossal_jax.tensor.layout import AxisNames
 
 
-def _varying_axes(x: jax.Array) -> frozenset[str]:
-    """The mesh axes ``x`` varies over inside ``shard_map`` (jax 0.10: ``manual_axis_type``;
-    older and newer releases: ``vma``)."""
-    t = jax.typeof(x)
-    if hasattr(t, "vma"):
+def varying_axes_of(x) -> frozenset[str]:
+    """The mesh axes ``x`` (an array, a tracer or an abstract ``ShapeDtypeStruct``) varies over
+    inside ``shard_map`` (jax 0.10: ``manual_axis_type``; other releases: ``vma``)."""
+    t = x if isinstance(x, jax.ShapeDtypeStruct) else jax.typeof(x)
+    if getattr(t, "vma", None) is not None:
         return frozenset(t.vma)
-    if hasattr(t, "manual_axis_type"):
+    if getattr(t, "manual_axis_type", None) is not None:
         return frozenset(t.manual_axis_type.varying)
     return frozenset()
+
+
+_varying_axes = varying_axes_of
 
 
 def varying(x: jax.Array, axes: AxisNames) -> jax.Array:

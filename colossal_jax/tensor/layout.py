@@ -61,6 +61,25 @@ class ActivationAxes:
     seq: str | None = "seq"
 
 
+def in_manual_region() -> bool:
+    """True inside a ``shard_map`` that made every mesh axis manual (the pipeline's per-device
+    program), where arrays are already each device's blocks."""
+    mesh = jax.sharding.get_abstract_mesh()
+    if mesh.empty:
+        return False
+    return all(t == jax.sharding.AxisType.Manual for t in mesh.axis_types)
+
+
+def sharded(body: Callable, mesh: Mesh, in_specs, out_specs) -> Callable:
+    """``jax.shard_map(body, ...)`` for global arrays; ``body`` itself inside a region where every
+    mesh axis is already manual (:func:`in_manual_region`), whose arrays are the per-device blocks
+    of these very specs — every kernel consumes the layout its predecessor produced, so the
+    blocks chain unchanged and the kernels run as they are inside the pipeline."""
+    if in_manual_region():
+        return body
+    return jax.shard_map(body, mesh=mesh, in_specs=in_specs, out_specs=out_specs)
+
+
 def spec_axes(*names: str | None) -> str | AxisNames | None:
     """A PartitionSpec entry for a dimension split over ``names`` (``None`` entries dropped)."""
     kept = tuple(n for n in names if n is not None)
@@ -267,6 +286,4 @@ def attention_in_shard_map(
         out = local_attention(q.reshape(shape), k.reshape(shape), v.reshape(shape), pos, pos)
         return out.reshape(b, s, hd)
 
-    return jax.shard_map(
-        body, mesh=layout.mesh, in_specs=(wide, wide, wide, tokens), out_specs=wide
-    )(q, k, v, positions)
+    return sharded(body, layout.mesh, (wide, wide, wide, tokens), wide)(q, k, v, positions)

@@ -20,6 +20,7 @@ from colossal_jax.tensor.layout import (
     LocalAttention,
     TensorLayout,
     attention_in_shard_map,
+    in_manual_region,
     spec_axes,
 )
 
@@ -77,4 +78,8 @@ class ReplicatedLayout(TensorLayout):
         logp = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)
         nll = -jnp.take_along_axis(logp, targets[..., None], axis=-1)[..., 0]
         w = weights.astype(jnp.float32)
-        return jnp.sum(nll * w), jnp.sum(w)
+        total, count = jnp.sum(nll * w), jnp.sum(w)
+        if in_manual_region():  # per-device blocks: the sums over the batch are explicit
+            axes = tuple(a for a in (*self.act.batch, self.act.seq) if a is not None)
+            total, count = jax.lax.psum(total, axes), jax.lax.psum(count, axes)
+        return total, count

@@ -1,0 +1,94 @@
+"""The layer stack: ``n`` identical blocks whose parameters carry a leading ``layer`` dimension.
+
+A model is ``embed → stack → head``. The stack is the seam every schedule wraps: a pipeline
+splits it into chunks of consecutive layers, gradient accumulation and remat wrap it, and none of
+them touches a layer or a kernel. (Haliax's ``Stacked`` is the model: one set of parameters with
+a leading layer axis, applied by a scan.)
+
+- Creation: ``nnx.vmap`` over split RNG keys builds one block per key, so every parameter gets
+  the leading dimension ``n``; each Variable is marked ``layer_axis=0`` in its metadata, which the
+  sharding rules read to prepend the layer dimension's entry (unsplit, or ``pipe``).
+- Application: :func:`apply_layers` runs the blocks under ``jax.lax.scan`` over the leading
+  dimension, so the step traces and compiles one block whatever the depth (``unroll=True`` is a
+  debugging twin that traces every layer).
+
+``jax.vmap`` over plain functions (not ``nnx.vmap``) is used wherever stages are stacked at run
+time; ``nnx.vmap`` runs once, abstractly, when the parameters are created.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import jax
+from flax import nnx
+
+LAYER_AXIS = "layer_axis"
+"""Metadata key: the dimension of a stacked parameter that indexes layers (always 0 here)."""
+
+
+def is_stacked(variable: nnx.Variable) -> bool:
+    return variable.get_metadata().get(LAYER_AXIS) is not None
+
+
+def stacked_filter(path, value) -> bool:
+    """An ``nnx`` filter selecting the stack's (layer-stacked) parameters."""
+    return isinstance(value, nnx.Variable) and is_stacked(value)
+
+
+class Stack(nnx.Module):
+    """``n`` blocks made by ``make_block(rngs)``, stored stacked and run by a scan.
+
+    Attributes:
+      layers: one block module whose every parameter has a leading dimension ``n``.
+      n: depth.
+      unroll: run the blocks as a Python loop instead of ``scan`` (debugging; compile time grows
+        with depth).
+    """
+
+    def __init__(
+        self,
+        make_block: Callable[[nnx.Rngs], nnx.Module],
+        n: int,
+        *,
+        rngs: nnx.Rngs,
+        unroll: bool = False,
+    ):
+        if n < 1:
+            raise ValueError(f"a stack needs at least one layer, got n_layer={n}")
+
+        @nnx.split_rngs(splits=n)
+        @nnx.vmap(in_axes=(0,), out_axes=0)
+        def create(r: nnx.Rngs) -> nnx.Module:
+            return make_block(r)
+
+        self.layers = create(rngs)
+        for _, var in nnx.iter_graph(self.layers):
+            if isinstance(var, nnx.Variable):
+                var.set_metadata(**{LAYER_AXIS: 0})
+        self.n = n
+        self.unroll = unroll
+
+    def __call__(self, x: jax.Array, *args: Any) -> jax.Array:
+        graphdef, state = nnx.split(self.layers)
+        return apply_layers(graphdef, state, x, *args, unroll=self.unroll)
+
+
+def apply_layers(graphdef, state, x: jax.Array, *args: Any, unroll: bool = False) -> jax.Array:
+    """Run the blocks of ``state`` (leading dimension = layers, any count) on ``x`` in order.
+
+    ``args`` (e.g. positions) are passed unchanged to every block. A pipeline stage calls this
+    with its chunk of the stacked state.
+    """
+
+    def body(h, layer_state):
+        return nnx.merge(graphdef, layer_state)(h, *args), None
+
+    if unroll:
+        n = jax.tree.leaves(state)[0].shape[0]
+        for i in range(n):
+            x, _ = body(x, jax.tree.map(lambda a, i=i: a[i], state))
+        return x
+    x, _ = jax.lax.scan(body, x, state)
+    return x
