@@ -1,6 +1,7 @@
 """Read the collectives of a compiled XLA program and the bytes each device moves (ring model).
 
-Per device, for one collective over a replica group of n devices (ORACLES.md, "the ring model"):
+Per device, for one collective over a replica group of n devices (the ring model of
+docs/formulas.md, §1):
 
 | HLO op | bytes received per device |
 |---|---|

@@ -1,8 +1,9 @@
 """Numbers a user can trust: tokens/s, model FLOP utilisation, memory; JSONL and TensorBoard.
 
 MFU = achieved model FLOP/s ÷ peak, with model FLOPs per token from
-``GPTConfig.flops_per_token`` (``6·N + 12·L·s·h``, ORACLES.md). Peaks are dense bf16 tensor-core
-figures; on a device whose peak is unknown (the CPU) MFU is reported as ``null``, never guessed.
+``GPTConfig.flops_per_token`` (``6·N + 12·L·s·h``, docs/formulas.md). Peaks are dense bf16
+tensor-core figures; on a device whose peak is unknown (the CPU) MFU is reported as ``null``,
+never guessed.
 """
 
 from __future__ import annotations

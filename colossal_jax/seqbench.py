@@ -112,7 +112,7 @@ def longest_sequence(
 def attention_bytes(kernel_name: str, p: int, *, batch: int, seq_len: int, heads: int,
                     head_dim: int) -> dict:  # fmt: skip
     """Bytes moved per device by one sequence-parallel attention kernel (forward, and forward +
-    backward), measured from compiled HLO, next to the ORACLES.md formulas."""
+    backward), measured from compiled HLO, next to the docs/formulas.md formulas."""
     from colossal_jax.sequence.ring import ring_attention
     from colossal_jax.sequence.ring_self_attention import ring_self_attention
     from colossal_jax.sequence.ulysses import ulysses_attention

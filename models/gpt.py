@@ -58,7 +58,7 @@ class GPTConfig:
         return self.n_layer * (4 * h * h + 2 * h * w) + h * self.vocab_size
 
     def flops_per_token(self, seq_len: int) -> float:
-        """Training FLOPs per token: ``6·N + 12·L·s·h`` (ORACLES.md), counting the full attention
+        """Training FLOPs per token: ``6·N + 12·L·s·h`` (docs/formulas.md), counting the full attention
         score matrix (no causal halving, since the kernels compute masked blocks too)."""
         return 6.0 * self.matmul_params() + 12.0 * self.n_layer * seq_len * self.n_embd
 

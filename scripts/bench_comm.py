@@ -1,6 +1,6 @@
 #!/usr/bin/env python
 """Bytes moved per device by each tensor-parallel mode, measured from compiled HLO, next to the
-ORACLES.md formula. Compiles only (nothing executes), so 64 simulated CPU devices are cheap.
+docs/formulas.md formula. Compiles only (nothing executes), so 64 simulated CPU devices are cheap.
 
   python scripts/bench_comm.py --devices 64 --json comm64.json
   python scripts/bench_comm.py --devices 8 --blocks mlp --modes 2.5d,3d

@@ -5,7 +5,7 @@ For one transformer layer (forward + backward, fp32, batch 1) and a fixed per-de
 budget, binary-searches the longest sequence whose compiled program fits (XLA memory analysis,
 nothing executes) for: one device, 1D tensor parallelism over N, ring attention, Ulysses and ring
 self-attention over N. Then reads each sequence kernel's bytes moved per device from compiled HLO
-next to the ORACLES.md formula.
+next to the docs/formulas.md formula.
 
   python scripts/bench_seq.py --devices 8 --json seq8.json
 """
@@ -88,7 +88,10 @@ def main(argv=None) -> int:
         print(f"{cand.name:28} {best:11d} {row['vs_one_device']:12.2f} {mib}", flush=True)
 
     print()
-    print(f"bytes per device, attention kernel at seq {args.bytes_seq} (MiB; formula: ORACLES.md)")
+    print(
+        f"bytes per device, attention kernel at seq {args.bytes_seq} "
+        "(MiB; formula: docs/formulas.md)"
+    )
     cols = ("fwd", "formula", "ratio", "bwd", "formula", "ratio")
     header = f"{'kernel':20} " + " ".join(f"{c:>{6 if c == 'ratio' else 8}}" for c in cols)
     print(header)

@@ -1,4 +1,4 @@
-"""Bytes moved, read from compiled HLO, against the ORACLES.md formulas: the HLO reader on
+"""Bytes moved, read from compiled HLO, against the docs/formulas.md formulas: the HLO reader on
 hand-written modules, every tensor mode's MLP block, and ring attention at p = 8."""
 
 from __future__ import annotations
@@ -72,7 +72,7 @@ def test_layer_bytes_match_formula(grid):
 
 
 def test_order_of_modes_at_scale_is_a_formula_fact():
-    """At 64 devices 3D < 2.5D < 2D < 1D for the MLP block (ORACLES.md worked table)."""
+    """At 64 devices 3D < 2.5D < 2D < 1D for the MLP block (docs/formulas.md §2.3 worked table)."""
     m, h = 4096, 1024
     by = {g.mode: mlp_elements(g, m, h, 4 * h) / 1e6 for g in grids(64)}
     assert by["3d"] < by["2.5d"] < by["2d"] < by["1d"]
@@ -83,7 +83,7 @@ def test_order_of_modes_at_scale_is_a_formula_fact():
 
 
 def test_ring_attention_bytes_match_formula_at_p8():
-    """2(p−1)/p·b·s·h forward, 4(p−1)/p·b·s·h backward (ORACLES.md), within 10%."""
+    """2(p−1)/p·b·s·h forward, 4(p−1)/p·b·s·h backward (docs/formulas.md), within 10%."""
     r = attention_bytes("ring", 8, batch=2, seq_len=256, heads=4, head_dim=32)
     assert abs(r["forward_bytes"] / r["forward_theory_bytes"] - 1) < 0.10, r
     assert abs(r["backward_bytes"] / r["backward_theory_bytes"] - 1) < 0.10, r

@@ -1,4 +1,4 @@
-"""LAMB and LARS against hand-written steps from the papers (ORACLES.md), and their masks."""
+"""LAMB and LARS against hand-written steps from the papers (docs/formulas.md), and their masks."""
 
 import dataclasses
 

@@ -1,4 +1,4 @@
-"""Closed-form communication volume of the sequence-parallel attention kernels (ORACLES.md).
+"""Closed-form communication volume of the sequence-parallel attention kernels (docs/formulas.md).
 
 Elements received per device for attention over ``b·s`` tokens of width ``h = heads·head_dim``
 split over ``p`` devices on the sequence axis; multiply by the dtype size for bytes.
@@ -13,8 +13,8 @@ def ring_forward_elements(b: int, s: int, h: int, p: int) -> float:
 
 
 def ring_backward_elements(b: int, s: int, h: int, p: int) -> float:
-    """Ring attention backward as ORACLES.md counts it: K, V and their gradients, p−1 hops each.
-    (Our kernel sends dK, dV one more hop home: ``(4p−2)/p·b·s·h``, 7% more at p = 8.)"""
+    """Ring attention backward as docs/formulas.md counts it: K, V and their gradients, p−1 hops
+    each. (Our kernel sends dK, dV one more hop home: ``(4p−2)/p·b·s·h``, 7% more at p = 8.)"""
     return 4 * (p - 1) / p * b * s * h
 
 

@@ -1,4 +1,4 @@
-"""Closed-form communication volume of the tensor-parallel modes (ORACLES.md).
+"""Closed-form communication volume of the tensor-parallel modes (docs/formulas.md).
 
 Elements received per device, forward + backward, with autodiff keeping gathered operands as
 residuals; multiply by the dtype size for bytes. ``M`` = tokens, ``N`` → ``K`` the linear's
@@ -63,7 +63,7 @@ def grids(n: int) -> list[Grid]:
 
 
 def linear_elements(grid: Grid, m: int, n: int, k: int, *, row_parallel: bool = False) -> float:
-    """One linear ``[m, n] @ [n, k]``, forward + backward (ORACLES.md table). For 1D,
+    """One linear ``[m, n] @ [n, k]``, forward + backward (docs/formulas.md §2.1). For 1D,
     ``row_parallel`` picks the row (all-reduce of the output) rather than the column form."""
     p, q, d = grid.p, grid.q, grid.d
     if grid.mode == "none":
