@@ -13,6 +13,7 @@ import sys
 
 from colossal_jax.config import (
     OPTIMIZERS,
+    PIPELINES,
     PRECISIONS,
     SEQ_MODES,
     TENSOR_MODES,
@@ -61,6 +62,23 @@ def build_parser() -> argparse.ArgumentParser:
     a("--tensor-depth", type=int, default=None, help="depth d of 2.5d when using --mesh tensor=N")
     a("--seq-mode", default=None, help=f"one of {', '.join(SEQ_MODES)}")
     a("--zero", type=int, default=None, help="ZeRO stage: 0 or 1 (optimizer state over data)")
+    a(
+        "--pipeline",
+        default=None,
+        help=f"schedule on the pipe axis: one of {', '.join(PIPELINES)} (1f1b when pipe>1)",
+    )
+    a(
+        "--microbatches",
+        type=int,
+        default=None,
+        help="microbatches per step through the pipeline (a microbatch is batch/M); default 2·pipe",
+    )
+    a(
+        "--virtual-stages",
+        type=int,
+        default=1,
+        help="model chunks per pipeline stage (interleaved 1F1B), e.g. 2",
+    )
     a("--steps", type=int, default=d.steps, help="total steps of the run")
     a("--batch-size", type=int, default=d.batch_size, help="global batch in sequences")
     a("--seq-len", type=int, default=d.seq_len, help="tokens per sequence")
@@ -159,7 +177,13 @@ def config_from_args(args, n_devices: int) -> TrainConfig:
         modes["zero"] = args.zero
     if "seq_mode" not in modes and mesh.get("seq", 1) > 1:
         modes["seq_mode"] = "ring"
-    parallel = ParallelConfig(**mesh, **modes)
+    if args.pipeline is not None:
+        modes["pipeline"] = args.pipeline
+    elif mesh.get("pipe", 1) > 1:
+        modes["pipeline"] = "1f1b"
+    parallel = ParallelConfig(
+        **mesh, **modes, microbatches=args.microbatches, virtual_stages=args.virtual_stages
+    )
     optim = OptimConfig(
         name=args.optimizer,
         lr=args.lr,

@@ -25,6 +25,7 @@ TENSOR_MODES = ("none", "1d", "2d", "2.5d", "3d")
 ATTENTION_IMPLS = ("auto", "xla", "cudnn")
 SEQ_MODES = ("none", "ring", "ulysses", "ring-self-attention")
 PRECISIONS = ("fp32", "bf16")
+PIPELINES = ("none", "gpipe", "1f1b", "interleaved")
 OPTIMIZERS = ("adamw", "lamb", "lars", "sgd")
 MESHES_DIR = Path(__file__).resolve().parent.parent / "meshes"
 
@@ -39,13 +40,18 @@ class ParallelConfig:
 
     Attributes:
       data: data-parallel replicas (batch split); ZeRO shards optimizer state over this axis.
-      pipe: pipeline stages. Only 1 is supported so far.
+      pipe: pipeline stages (the layer stack split into consecutive chunks over this axis).
       tensor_row, tensor_col, tensor_depth: the tensor-parallel grid. ``1d`` uses all three as
         one group; ``2d`` a q×q grid (row, col); ``2.5d`` q×q×d; ``3d`` a q×q×q cube.
       seq: sequence-parallel group (sequence split).
       tensor_mode: ``none | 1d | 2d | 2.5d | 3d``.
       seq_mode: ``none | ring | ulysses | ring-self-attention``.
       zero: ZeRO stage: 0 (off) or 1 (optimizer state sharded over ``data``).
+      pipeline: ``none | gpipe | 1f1b | interleaved`` schedule on the ``pipe`` axis (``1f1b``
+        when ``pipe > 1`` and none is named).
+      microbatches: M, microbatches per step through the pipeline (a microbatch is
+        ``batch_size / M`` sequences); ``None``: ``2·pipe``.
+      virtual_stages: V, model chunks per stage of the interleaved schedule.
     """
 
     data: int = 1
@@ -57,6 +63,9 @@ class ParallelConfig:
     tensor_mode: str = "none"
     seq_mode: str = "none"
     zero: int = 0
+    pipeline: str = "none"
+    microbatches: int | None = None
+    virtual_stages: int = 1
 
     @property
     def axis_sizes(self) -> dict[str, int]:
@@ -73,7 +82,22 @@ class ParallelConfig:
     def describe(self) -> str:
         axes = " × ".join(f"{a}={n}" for a, n in self.axis_sizes.items())
         modes = f"tensor_mode={self.tensor_mode} seq_mode={self.seq_mode} zero={self.zero}"
+        if self.pipe > 1:
+            modes += f" pipeline={self.pipeline} microbatches={self.num_microbatches}" + (
+                f" virtual_stages={self.virtual_stages}" if self.virtual_stages > 1 else ""
+            )
         return f"mesh {axes} ({self.size} devices); {modes}"
+
+    @property
+    def pipelined(self) -> bool:
+        return self.pipe > 1
+
+    @property
+    def num_microbatches(self) -> int:
+        """M: the configured count, or ``2·pipe`` (1 without a pipeline)."""
+        if not self.pipelined:
+            return 1
+        return self.microbatches if self.microbatches is not None else 2 * self.pipe
 
     def validate(self, n_devices: int | None = None) -> None:
         for a, n in self.axis_sizes.items():
@@ -85,10 +109,7 @@ class ParallelConfig:
             raise ConfigError(_choice("--seq-mode", self.seq_mode, SEQ_MODES))
         if self.zero not in (0, 1):
             raise ConfigError(f"--zero {self.zero} is not supported; use 0 or 1")
-        if self.pipe != 1:
-            raise ConfigError(
-                f"pipe={self.pipe}: pipeline parallelism is not implemented yet; use pipe=1"
-            )
+        self._validate_pipeline()
         if n_devices is not None and self.size != n_devices:
             raise ConfigError(
                 f"the mesh {self.short()} has {self.size} devices but {n_devices} are available; "
@@ -120,6 +141,50 @@ class ParallelConfig:
             raise ConfigError(
                 f"seq={self.seq} but --seq-mode is none; pass --seq-mode ring|ulysses|"
                 "ring-self-attention"
+            )
+
+    def _validate_pipeline(self) -> None:
+        """The pipeline rules that need no model (the layer count is checked in train.py)."""
+        p, name, v = self.pipe, self.pipeline, self.virtual_stages
+        if name not in PIPELINES:
+            raise ConfigError(_choice("--pipeline", name, PIPELINES))
+        if p == 1:
+            if name != "none":
+                raise ConfigError(
+                    f"--pipeline {name} needs a pipe axis; add pipe=N to --mesh (e.g. "
+                    "--mesh pipe=2,data=4) or use --pipeline none"
+                )
+            if self.microbatches not in (None, 1) or v != 1:
+                raise ConfigError(
+                    "--microbatches/--virtual-stages apply to pipelines; add pipe=N to --mesh"
+                )
+            return
+        if name == "none":
+            raise ConfigError(
+                f"pipe={p} needs a schedule; use --pipeline 1f1b (the default), gpipe or "
+                "interleaved"
+            )
+        m = self.num_microbatches
+        if m < p:
+            raise ConfigError(
+                f"--microbatches {m} is smaller than pipe={p}: the pipeline would never fill; "
+                f"use --microbatches {p} or more (e.g. {2 * p})"
+            )
+        if name == "interleaved":
+            if v < 2:
+                raise ConfigError(
+                    f"--pipeline interleaved needs --virtual-stages 2 or more, got {v}; use "
+                    "--virtual-stages 2 (or --pipeline 1f1b)"
+                )
+            if m % p:
+                raise ConfigError(
+                    f"--pipeline interleaved sends microbatches in groups of pipe={p}; "
+                    f"--microbatches {m} is not a multiple of {p}; use --microbatches "
+                    f"{p * max(1, round(m / p))}"
+                )
+        elif v != 1:
+            raise ConfigError(
+                f"--virtual-stages {v} needs --pipeline interleaved (got --pipeline {name})"
             )
 
     def short(self, axes: tuple[str, ...] = AXES) -> str:

@@ -70,6 +70,25 @@ def validate_run(cfg: TrainConfig, model: GPTConfig, layout: TensorLayout) -> No
             f"--seq-len {cfg.seq_len} is not divisible by {seq_split} ({why}); use "
             f"--seq-len {seq_split * max(1, cfg.seq_len // seq_split)}"
         )
+    if par.pipelined:
+        m = par.num_microbatches
+        chunks = par.pipe * par.virtual_stages
+        if model.n_layer % chunks:
+            good = chunks * max(1, round(model.n_layer / chunks))
+            what = f"pipe={par.pipe}" + (
+                f" × virtual_stages={par.virtual_stages}" if par.virtual_stages > 1 else ""
+            )
+            raise ConfigError(
+                f"n_layer={model.n_layer} does not split into {chunks} equal pipeline chunks "
+                f"({what}); use --set model.n_layer={good} or another pipe size"
+            )
+        if cfg.batch_size % (split * m):
+            good = split * m * max(1, round(cfg.batch_size / (split * m)))
+            raise ConfigError(
+                f"--batch-size {cfg.batch_size} does not divide into {m} microbatches over the "
+                f"{split} batch shards ({split}·{m} = {split * m}); use --batch-size {good} or "
+                "fewer --microbatches"
+            )
     if par.seq_mode == "ulysses" and par.seq > 1:
         head_split = layout.axis_size(layout.wide_spec()[2])
         local_heads = model.n_head // max(head_split, 1)
@@ -115,6 +134,7 @@ class Run:
     batch_sharding: NamedSharding
     tx: optax.GradientTransformation
     batches: Batches
+    schedule: Any = None
 
 
 def build(cfg: TrainConfig) -> Run:
@@ -134,11 +154,22 @@ def build(cfg: TrainConfig) -> Run:
 
     abstract_model = nnx.eval_shape(lambda: GPT(model, rngs=nnx.Rngs(cfg.seed)))
     graphdef, abstract_params = nnx.split(abstract_model)
-    param_shardings = tree_shardings(abstract_params, layout)
+    layer_entry = "pipe" if cfg.parallel.pipelined else None
+    param_shardings = tree_shardings(abstract_params, layout, layer_entry=layer_entry)
     tx = make_optimizer(cfg.optim, cfg.steps)
     abstract_opt = jax.eval_shape(tx.init, abstract_params)
     zero_axis = "data" if cfg.parallel.zero >= 1 else None
-    opt_shardings = tree_shardings(abstract_opt, layout, zero_axis=zero_axis)
+    opt_shardings = tree_shardings(
+        abstract_opt, layout, zero_axis=zero_axis, layer_entry=layer_entry
+    )
+    schedule = None
+    if cfg.parallel.pipelined:
+        from colossal_jax.pipeline.schedule import build as build_schedule
+
+        par = cfg.parallel
+        schedule = build_schedule(
+            par.pipeline, par.pipe, par.num_microbatches, par.virtual_stages
+        )
 
     order = None
     if cfg.parallel.seq_mode == "ring" and cfg.parallel.seq > 1:
@@ -159,6 +190,7 @@ def build(cfg: TrainConfig) -> Run:
         batch_sharding=NamedSharding(mesh, layout.token_spec()),
         tx=tx,
         batches=batches,
+        schedule=schedule,
     )
 
 
@@ -187,8 +219,21 @@ def make_train_step(run: Run) -> Callable:
                 batch["tokens"], batch["positions"], batch["targets"], batch["weights"]
             )
 
+    value_and_grad = jax.value_and_grad(loss_fn)
+    if run.schedule is not None:
+        from colossal_jax.pipeline.step import pipelined_value_and_grad
+
+        value_and_grad = pipelined_value_and_grad(
+            run.graphdef,
+            run.schedule,
+            run.layout,
+            run.local_attention,
+            n_layer=run.model.n_layer,
+            compute_dtype=compute_dtype,
+        )
+
     def step(params, opt_state, batch):
-        loss, grads = jax.value_and_grad(loss_fn)(params, batch)
+        loss, grads = value_and_grad(params, batch)
         grad_norm = optax.tree.norm(grads)
         updates, opt_state = run.tx.update(grads, opt_state, params)
         params = optax.apply_updates(params, updates)

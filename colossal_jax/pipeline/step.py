@@ -1,0 +1,118 @@
+"""The pipelined loss and gradients of one step: the model's three parts handed to the executor.
+
+``pipelined_value_and_grad`` returns ``f(params, batch) -> (loss, grads)`` with the same
+contract as ``jax.value_and_grad`` of the unpipelined loss. Inside it:
+
+1. the model's parameters are split by the ``layer_axis`` metadata into the stack (leading layer
+   dimension, split over ``pipe``) and the rest (embedding, final norm, head; on every stage);
+2. for the interleaved schedule the stack's layer order is permuted so that each stage's
+   contiguous block holds its chunks ``s, s+p, …`` (and the gradient is permuted back): an
+   exchange of ``(V−1)/V`` of the stack's parameters over ``pipe`` each way per step;
+3. one ``jax.shard_map`` over every mesh axis runs :func:`~colossal_jax.pipeline.executor.
+   run_pipeline` with the layouts' kernels working on per-device blocks.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
+
+from colossal_jax.layers import stacked_filter, use_parallelism
+from colossal_jax.pipeline.executor import interleave_permutation, run_pipeline
+from colossal_jax.pipeline.schedule import Schedule
+from colossal_jax.sharding import tree_shardings
+from colossal_jax.tensor.layout import LocalAttention, TensorLayout
+
+
+def _specs(tree, layout: TensorLayout, layer_entry: str | None):
+    return jax.tree.map(
+        lambda s: s.spec,
+        tree_shardings(tree, layout, layer_entry=layer_entry),
+        is_leaf=lambda x: isinstance(x, NamedSharding),
+    )
+
+
+def _axes(spec: P) -> tuple[str, ...]:
+    out: list[str] = []
+    for entry in spec:
+        if entry is None:
+            continue
+        out.extend((entry,) if isinstance(entry, str) else entry)
+    return tuple(out)
+
+
+def pipelined_value_and_grad(
+    graphdef: Any,
+    schedule: Schedule,
+    layout: TensorLayout,
+    local_attention: LocalAttention,
+    *,
+    n_layer: int,
+    compute_dtype: Any = jnp.float32,
+) -> Callable[[Any, dict[str, jax.Array]], tuple[jax.Array, Any]]:
+    """``(params, batch) -> (mean loss, grads)`` through the pipeline ``schedule``."""
+    mesh = layout.mesh
+    token_spec = layout.token_spec()
+    token_axes = _axes(token_spec)
+    virtual = schedule.virtual_stages
+    perm = inv = None
+    if virtual > 1:
+        perm = interleave_permutation(n_layer, schedule.stages, virtual)
+        inv = np.argsort(perm).astype(np.int32)
+
+    def value_and_grad(params, batch):
+        model_params = params
+        if compute_dtype != jnp.float32:
+            params = jax.tree.map(lambda a: a.astype(compute_dtype), params)
+        gd, stack, rest = nnx.split(nnx.merge(graphdef, params), stacked_filter, ...)
+        stack_specs = _specs(stack, layout, "pipe")
+        rest_specs = _specs(rest, layout, None)
+        if perm is not None:
+            stack = jax.tree.map(lambda a: a[perm], stack)
+
+        def per_device(stack, rest, tokens, positions, targets, weights):
+            def chunk_fn(chunk, x, pos):
+                return nnx.merge(gd, chunk, rest).blocks(x, pos)
+
+            def embed_fn(r, tok, pos):
+                return nnx.merge(gd, stack, r).embed(tok, pos)
+
+            def head_fn(r, y, tgt, w):
+                return nnx.merge(gd, stack, r).head_loss(y, tgt, w)
+
+            with use_parallelism(layout, local_attention):
+                return run_pipeline(
+                    schedule,
+                    chunk_fn=chunk_fn,
+                    embed_fn=embed_fn,
+                    head_fn=head_fn,
+                    stack=stack,
+                    rest=rest,
+                    tokens=tokens,
+                    positions=positions,
+                    targets=targets,
+                    weights=weights,
+                    token_axes=token_axes,
+                )
+
+        tok = token_spec
+        loss, d_stack, d_rest = jax.shard_map(
+            per_device,
+            mesh=mesh,
+            in_specs=(stack_specs, rest_specs, tok, tok, tok, tok),
+            out_specs=(P(), stack_specs, rest_specs),
+        )(stack, rest, batch["tokens"], batch["positions"], batch["targets"], batch["weights"])
+        if inv is not None:
+            d_stack = jax.tree.map(lambda g: g[inv], d_stack)
+        grads = nnx.merge_state(d_stack, d_rest)
+        grads = jax.tree.map(lambda g, p: g.astype(p.dtype), grads, model_params)
+        return loss, grads
+
+    return value_and_grad
