@@ -167,9 +167,7 @@ def build(cfg: TrainConfig) -> Run:
         from colossal_jax.pipeline.schedule import build as build_schedule
 
         par = cfg.parallel
-        schedule = build_schedule(
-            par.pipeline, par.pipe, par.num_microbatches, par.virtual_stages
-        )
+        schedule = build_schedule(par.pipeline, par.pipe, par.num_microbatches, par.virtual_stages)
 
     order = None
     if cfg.parallel.seq_mode == "ring" and cfg.parallel.seq > 1:

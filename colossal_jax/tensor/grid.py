@@ -43,6 +43,7 @@ from colossal_jax.tensor.layout import (
     LocalAttention,
     TensorLayout,
     attention_in_shard_map,
+    in_manual_region,
     sharded,
     spec_axes,
     vocab_parallel_cross_entropy,
@@ -123,6 +124,15 @@ class GridLayout(TensorLayout):
         scatter = bool(vocab) and batch[-len(vocab) :] == vocab
         ids_batch = batch[: -len(vocab)] if scatter else batch
         ids_spec = P(spec_axes(*ids_batch), self.residual_spec()[1])
+        if in_manual_region():
+            # per-device blocks arrive in the token spec; collect what ids_spec holds, as the
+            # shard_map's in_spec would (3D: the token batch is split over k, the ids over i)
+            held = axes_of(self.token_spec()[0])
+            want = axes_of(ids_spec[0])
+            if held[: len(want)] != want:
+                raise ValueError(f"{self.mode}: ids spec {ids_spec} is not a prefix of the tokens'")
+            if held[len(want) :]:
+                tokens = jax.lax.all_gather(tokens, held[len(want) :], axis=0, tiled=True)
         return sharded(
             lambda ids, tab: vocab_parallel_embed(ids, tab, vocab_axes=vocab, scatter=scatter),
             self.mesh,
