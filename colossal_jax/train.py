@@ -50,6 +50,10 @@ def resolve_model(cfg: TrainConfig, data_vocab: int | None) -> GPTConfig:
 
 def validate_run(cfg: TrainConfig, model: GPTConfig, layout: TensorLayout) -> None:
     """Every divisibility the chosen mesh and modes need, checked before anything compiles."""
+    from colossal_jax.config import validate_model
+    from models.gpt import MODELS
+
+    validate_model(model, MODELS[cfg.model], cfg.model_overrides)
     par = cfg.parallel
     if cfg.seq_len > model.block_size:
         raise ConfigError(
