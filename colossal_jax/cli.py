@@ -25,6 +25,7 @@ from colossal_jax.config import (
     describe_preset,
     field_types,
     list_presets,
+    param_count,
     parse_mesh,
     suggest,
     warmup_note,
@@ -214,7 +215,8 @@ def _apply_sets(cfg: TrainConfig, sets: list[str]) -> TrainConfig:
                     f"--set {key}: model has no field {rest!r}; "
                     f"{suggest(rest, model_types, suffix=' ')}fields: {', '.join(model_types)}"
                 )
-            model_over[rest] = _coerce(key, value, model_types[rest])
+            example = getattr(GPTConfig(), rest)
+            model_over[rest] = _coerce(key, value, model_types[rest], example)
         elif head in groups and rest:
             types_ = field_types(groups[head])
             if rest not in types_:
@@ -223,7 +225,8 @@ def _apply_sets(cfg: TrainConfig, sets: list[str]) -> TrainConfig:
                     f"{suggest(rest, types_, suffix=' ')}fields: {', '.join(types_)}"
                 )
             sub = dataclasses.replace(
-                getattr(cfg, head), **{rest: _coerce(key, value, types_[rest])}
+                getattr(cfg, head),
+                **{rest: _coerce(key, value, types_[rest], getattr(getattr(cfg, head), rest))},
             )
             cfg = dataclasses.replace(cfg, **{head: sub})
         else:
@@ -236,17 +239,20 @@ def _apply_sets(cfg: TrainConfig, sets: list[str]) -> TrainConfig:
                     f"--set {key}: unknown field; {near}use model.*, "
                     f"optim.*, parallel.* or one of {', '.join(plain)}"
                 )
-            cfg = dataclasses.replace(cfg, **{name: _coerce(key, value, types_[name])})
+            example = getattr(cfg, name)
+            cfg = dataclasses.replace(cfg, **{name: _coerce(key, value, types_[name], example)})
             preflight.check_field(name, getattr(cfg, name))
     return dataclasses.replace(cfg, model_overrides=model_over)
 
 
-def _coerce(key: str, value: str, annotation) -> object:
-    """``coerce`` whose error names the ``--set`` item (``--set model.n_layer=abc: ...``)."""
+def _coerce(key: str, value: str, annotation, example) -> object:
+    """``coerce`` whose error names the ``--set`` item and a valid one (``--set model.n_layer=abc:
+    'abc' is not a valid int; e.g. --set model.n_layer=12``)."""
     try:
         return coerce(value, annotation)
     except ConfigError as e:
-        raise ConfigError(f"--set {key}={value}: {e}") from None
+        hint = f"; e.g. --set {key}={example}" if example is not None else ""
+        raise ConfigError(f"--set {key}={value}: {e}{hint}") from None
 
 
 def _check_model_name(name: str) -> None:
@@ -257,14 +263,6 @@ def _check_model_name(name: str) -> None:
             f"--model {name!r} is unknown; {suggest(name, MODELS, suffix=' ')}"
             f"choose one of {', '.join(MODELS)}"
         )
-
-
-def param_count(m) -> int:
-    """Parameters of ``models.gpt.GPT(m)``: embeddings, layers (with biases and norms), head."""
-    h, w, v = m.n_embd, m.mlp_width, m.vocab_size
-    layer = 4 * h * h + 4 * h + 2 * h * w + w + h + 4 * h  # attention, MLP, two layer norms
-    positions = m.block_size * h if m.position == "learned" else 0
-    return v * h + positions + m.n_layer * layer + 2 * h + h * v
 
 
 def list_models() -> list[str]:

@@ -145,7 +145,10 @@ def _factor_tensor(total: int, mode: str, depth: int | None) -> dict[str, int]:
     """Split the shorthand ``tensor=N`` into tensor_row/col/depth for ``mode``."""
     if mode in ("none", "1d"):
         if mode == "none" and total > 1:
-            raise ConfigError(f"tensor={total} needs --tensor-mode 1d|2d|2.5d|3d")
+            raise ConfigError(
+                f"--mesh tensor={total} needs --tensor-mode 1d|2d|2.5d|3d to say how to split it; "
+                f"e.g. --mesh tensor={total} --tensor-mode 1d"
+            )
         return {"tensor_row": total}
     if mode == "2d":
         q = math.isqrt(total)
@@ -432,9 +435,11 @@ class TrainConfig:
         if self.steps < 1:
             raise ConfigError(f"--steps {self.steps} must be at least 1 (e.g. --steps 100)")
         if self.batch_size < 1:
-            raise ConfigError(f"--batch-size {self.batch_size} must be at least 1")
+            raise ConfigError(
+                f"--batch-size {self.batch_size} must be at least 1 (e.g. --batch-size 16)"
+            )
         if self.seq_len < 2:
-            raise ConfigError(f"--seq-len {self.seq_len} must be at least 2")
+            raise ConfigError(f"--seq-len {self.seq_len} must be at least 2 (e.g. --seq-len 128)")
         if self.precision not in PRECISIONS:
             raise ConfigError(_choice("--precision", self.precision, PRECISIONS))
         if self.attention not in ATTENTION_IMPLS:
@@ -550,6 +555,56 @@ def validate_model(model: Any, base: Any, overrides: dict[str, Any]) -> None:
             f"--set model.position=rope needs an even head size, but n_embd/n_head = {h}/{heads} "
             f"= {h // heads}; use --set model.n_embd={h + heads} or --set model.position=learned"
         )
+
+
+def param_count(m: Any) -> int:
+    """Parameters of ``models.gpt.GPT(m)`` for a GPTConfig ``m``: embeddings, layers (with biases
+    and layer norms), the final norm and the untied LM head."""
+    h, w, v = m.n_embd, m.mlp_ratio * m.n_embd, m.vocab_size
+    layer = 4 * h * h + 4 * h + 2 * h * w + w + h + 4 * h  # attention, MLP, two layer norms
+    positions = m.block_size * h if m.position == "learned" else 0
+    return v * h + positions + m.n_layer * layer + 2 * h + h * v
+
+
+def state_bytes(cfg: TrainConfig, m: Any) -> float:
+    """A floor on the bytes of training state per device: fp32 parameters and gradients split
+    over the tensor and pipeline axes, optimizer moments also over ``data`` under ZeRO-1. No
+    activations, so a model this refuses cannot fit whatever the activations."""
+    par, n = cfg.parallel, param_count(m)
+    slots = {"adamw": 2, "lamb": 2, "lars": 1, "sgd": 1 if cfg.optim.b1 else 0}.get(
+        cfg.optim.name, 2
+    )
+    split = par.tensor_size * par.pipe
+    opt_split = split * (par.data if par.zero >= 1 else 1)
+    return 4 * n * 2 / split + 4 * n * slots / opt_split
+
+
+def check_memory(
+    cfg: TrainConfig, m: Any, capacity: int, sharing: int, models: dict[str, Any]
+) -> None:
+    """Refuse a model whose training state alone exceeds the memory: ``capacity`` bytes shared by
+    ``sharing`` devices (simulated CPU devices share the host's memory)."""
+    need = state_bytes(cfg, m)
+    if need * sharing <= capacity:
+        return
+    sized = {name: dataclasses.replace(b, vocab_size=m.vocab_size) for name, b in models.items()}
+    fits = sorted(
+        (param_count(b), name)
+        for name, b in sized.items()
+        if state_bytes(cfg, b) * sharing <= capacity
+    )
+    where = (
+        f"the {sharing} devices of this host share {capacity / 1e9:.1f} GB"
+        if sharing > 1
+        else f"a device has {capacity / 1e9:.1f} GB"
+    )
+    alternative = f"e.g. --model {fits[-1][1]}" if fits else "a smaller --model"
+    raise ConfigError(
+        f"--model {cfg.model} ({param_count(m) / 1e9:.2f}B parameters) needs at least "
+        f"{need / 1e9:.1f} GB per device for fp32 parameters, gradients and {cfg.optim.name} "
+        f"state on the mesh {cfg.parallel.short()}, but {where}; use {alternative}, more tensor "
+        "parallelism, or --zero 1"
+    )
 
 
 def _near(x: int, candidates: list[int]) -> list[int]:
