@@ -196,8 +196,8 @@ def parse_mesh(
         )
     if spec is not None and spec.strip() == "":
         raise ConfigError(
-            f"--mesh {spec!r} is empty; omit --mesh (data parallel over all devices) or give "
-            f"e.g. data={n_devices}"
+            f"--mesh {spec!r} is empty; omit --mesh or give e.g. data={n_devices} (without "
+            f"--mesh, data parallelism over all {n_devices} devices)"
         )
     preset = _preset_path(spec) if spec is not None else None
     if preset is not None:
