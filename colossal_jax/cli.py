@@ -265,6 +265,12 @@ def _check_model_name(name: str) -> None:
         )
 
 
+def _architecture(name: str, overrides: dict) -> dict:
+    from models.gpt import model_config
+
+    return dataclasses.asdict(model_config(name, **overrides))
+
+
 def list_models() -> list[str]:
     from colossal_jax.data import BYTE_VOCAB
     from models.gpt import MODELS
@@ -376,6 +382,7 @@ def main(argv: list[str] | None = None) -> int:
                 raise ConfigError(f"--devices {args.devices} but only {available} are available")
             n = args.devices
         cfg = config_from_args(args, n)
+        preflight.check_resume(cfg, _architecture)
         from colossal_jax.train import train
 
         notes = [note] if (note := warmup_note(cfg)) else []

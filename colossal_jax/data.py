@@ -174,7 +174,9 @@ class Batches:
         if toks is not None and len(toks) < self.seq_len + 2:
             raise ConfigError(
                 f"the corpus {self.corpus.name} has {len(toks)} tokens, fewer than "
-                f"--seq-len {self.seq_len} + 2"
+                f"--seq-len {self.seq_len} + 2; "
+                + (f"use --seq-len {len(toks) - 2} or " if len(toks) >= 4 else "use ")
+                + "a longer file"
             )
         if self.corpus.vocab_size is not None and self.corpus.vocab_size > self.vocab_size:
             raise ConfigError(

@@ -157,6 +157,61 @@ def check_data(value: str) -> None:
     load_corpus(value)
 
 
+def check_resume(cfg, architecture) -> None:
+    """A ``--checkpoint-dir`` holding a run must be resumed with the same model and optimizer
+    (their arrays must fit), read from the latest checkpoint's JSON metadata; the mesh may differ.
+    ``architecture(name, overrides)`` is the resolved model config as a dict."""
+    import json
+
+    root = Path(cfg.checkpoint_dir or "")
+    steps = sorted(
+        (int(p.name), p) for p in root.glob("*") if p.name.isdigit() and (p / "meta").is_dir()
+    )
+    if cfg.checkpoint_dir is None or not steps:
+        return
+    step, path = steps[-1]
+    try:
+        saved = json.loads((path / "meta" / "metadata").read_text())["config"]
+        before = architecture(saved["model"], saved.get("model_overrides", {}))
+        optim = saved["optim"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return  # not ours to judge; the restore reports it
+    try:
+        now = architecture(cfg.model, cfg.model_overrides)
+    except (ValueError, TypeError, KeyError):
+        return  # a bad model override; building the model reports it
+    where = f"--checkpoint-dir {cfg.checkpoint_dir} holds step {step} of a run with"
+    other = "or another --checkpoint-dir"
+    if saved["model"] != cfg.model:
+        raise ConfigError(
+            f"{where} --model {saved['model']}, not {cfg.model}; use --model "
+            f"{saved['model']} to resume it, {other}"
+        )
+    changed = [k for k in now if now[k] != before.get(k)]
+    if changed:
+        was = " ".join(f"model.{k}={before.get(k)}" for k in changed)
+        given = ", ".join(f"model.{k}={now[k]}" for k in changed)
+        raise ConfigError(
+            f"{where} {was}, not {given}; use --set {was.replace(' ', ' --set ')} "
+            f"to resume it, {other}"
+        )
+    if saved.get("seed", cfg.seed) != cfg.seed:
+        raise ConfigError(
+            f"{where} --seed {saved['seed']}, not {cfg.seed} (the data order would change); use "
+            f"--seed {saved['seed']} to resume it, {other}"
+        )
+    for flag, key, same in (
+        ("--optimizer", "name", lambda a, b: a == b),
+        ("--clip-norm", "clip_norm", lambda a, b: (a > 0) == (b > 0)),
+    ):
+        old, new = optim.get(key), getattr(cfg.optim, key)
+        if old is not None and not same(old, new):
+            raise ConfigError(
+                f"{where} {flag} {old}, not {new} (its optimizer state would not fit); use "
+                f"{flag} {old} to resume it, {other}"
+            )
+
+
 CHECKS = {
     "metrics_file": lambda v: check_writable_file("--metrics-file", v, f"{TMP}/metrics.jsonl"),
     "tensorboard_dir": check_tensorboard_dir,

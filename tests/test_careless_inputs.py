@@ -11,6 +11,7 @@ real processes (``slow``) to prove there is no traceback and the answer takes un
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import subprocess
 import sys
@@ -61,6 +62,7 @@ CASES = [
         "--set model.vocab_size=300",
     ),
     case(["--set", "model.vocab_size=100"], "model.vocab_size=100", "model.vocab_size=256"),
+    case(["--data", "{short_txt}"], "has 10 tokens", "use --seq-len 8 or a longer file"),
     # ---- mesh and modes
     case(["--mesh", ""], "--mesh ''", "omit --mesh or give e.g. data=8"),
     case(["--mesh", "data=8,data=2"], "data=2", "give each axis once, e.g. data=8"),
@@ -119,9 +121,26 @@ CASES = [
         "120/8 = 15",
         "--set model.n_embd=128",
     ),
+    case(["--set", "model.position=alibi"], "'alibi'", "learned, rope"),
     case(["--set", "model.n_layer"], "'model.n_layer' is not KEY=VALUE", "model.n_layer=2"),
     case(["--set", "nosuchkey=1"], "--set nosuchkey", "use model.*, optim.*, parallel.*"),
     case(["--set", "stesp=3"], "--set stesp", "did you mean 'steps'?"),
+    # ---- resuming a checkpoint directory with another model, optimizer or seed
+    case(
+        ["--checkpoint-dir", "{ckpt}"],
+        "model.n_layer=1, not model.n_layer=2",
+        "use --set model.n_layer=1 to resume it, or another --checkpoint-dir",
+    ),
+    case(
+        ["--checkpoint-dir", "{ckpt}", "--set", "model.n_layer=1", "--optimizer", "sgd"],
+        "--optimizer adamw, not sgd",
+        "use --optimizer adamw to resume it",
+    ),
+    case(
+        ["--checkpoint-dir", "{ckpt}", "--set", "model.n_layer=1", "--seed", "3"],
+        "--seed 0, not 3",
+        "use --seed 0 to resume it",
+    ),
     # ---- flags
     case(["--step", "10"], "--step", "did you mean '--steps'?"),
     case(["--mesh"], "--mesh", "e.g. --mesh data=8"),
@@ -164,9 +183,16 @@ def files(tmp_path):
         ("not_npy", "text.npy", b"hello"),
         ("empty_txt", "empty.txt", b""),
         ("raw_bin", "train.bin", b"ab" * 100),
+        ("short_txt", "short.txt", b"0123456789"),
     ):
         (tmp_path / fname).write_bytes(content)
         out[name] = str(tmp_path / fname)
+    meta = tmp_path / "ckpt" / "2" / "meta"  # what checkpoint.py writes, as far as it is read
+    meta.mkdir(parents=True)
+    config = {"model": "gpt2-tiny", "model_overrides": {"n_layer": 1}, "seed": 0}
+    config["optim"] = {"name": "adamw", "clip_norm": 1.0}
+    (meta / "metadata").write_text(json.dumps({"step": 2, "seed": 0, "config": config}))
+    out["ckpt"] = str(tmp_path / "ckpt")
     return out
 
 
@@ -307,3 +333,15 @@ def test_preflight_leaves_no_trace_and_accepts_good_values(tmp_path):
     preflight.check_data(str(tmp_path / "whole.npy"))  # whole-number floats are token ids
     with pytest.raises(ConfigError, match="--coordinator"):
         preflight.check_processes(None, None, 0)
+
+
+def test_resume_check_accepts_the_same_run_on_another_mesh(files):
+    from colossal_jax.config import OptimConfig, ParallelConfig, TrainConfig
+
+    cfg = TrainConfig(
+        model_overrides={"n_layer": 1},
+        checkpoint_dir=files["ckpt"],
+        optim=OptimConfig(clip_norm=0.5),
+        parallel=ParallelConfig(data=2, tensor_row=4, tensor_mode="1d"),
+    )
+    preflight.check_resume(cfg, cli._architecture)
