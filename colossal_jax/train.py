@@ -56,7 +56,7 @@ def validate_run(cfg: TrainConfig, model: GPTConfig, layout: TensorLayout) -> No
     from models.gpt import MODELS
 
     validate_model(model, MODELS[cfg.model], cfg.model_overrides)
-    device = jax.devices()[0]
+    device = jax.local_devices()[0]
     stats = device.memory_stats() or {}
     if "bytes_limit" in stats:
         check_memory(cfg, model, int(stats["bytes_limit"]), 1, MODELS)
