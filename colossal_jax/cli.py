@@ -11,6 +11,7 @@ import dataclasses
 import os
 import sys
 
+from colossal_jax import preflight
 from colossal_jax.config import (
     OPTIMIZERS,
     PIPELINES,
@@ -22,17 +23,80 @@ from colossal_jax.config import (
     ParallelConfig,
     TrainConfig,
     coerce,
+    describe_preset,
     field_types,
     list_presets,
+    param_count,
     parse_mesh,
+    suggest,
+    warmup_note,
 )
 
 DEFAULT_CPU_DEVICES = 8
 
 
+EXAMPLES = {  # a valid value for each flag whose default does not show one
+    "--mesh": "data=8",
+    "--devices": "8",
+    "--tensor-mode": "1d",
+    "--tensor-depth": "2",
+    "--seq-mode": "ring",
+    "--zero": "1",
+    "--metrics-file": "/tmp/metrics.jsonl",
+    "--tensorboard-dir": "/tmp/tb",
+    "--checkpoint-dir": "/tmp/ckpt",
+    "--set": "model.n_layer=2",
+    "--coordinator": "10.0.0.1:1234",
+    "--num-processes": "2",
+    "--process-id": "0",
+}
+
+
 class _Parser(argparse.ArgumentParser):
-    def error(self, message: str):  # one line, no usage dump
-        raise ConfigError(message)
+    def error(self, message: str):  # one line, no usage dump, a valid alternative
+        raise ConfigError(self._explain(message))
+
+    def _explain(self, message: str) -> str:
+        flags = [s for a in self._actions for s in a.option_strings if s.startswith("--")]
+        if message.startswith("unrecognized arguments: "):
+            words = message.split(": ", 1)[1].split()
+            unknown = [w.split("=", 1)[0] for w in words if w.startswith("-")]
+            if not unknown:
+                return (
+                    f"unexpected argument {words[0]!r}: values follow a flag, e.g. --steps 100 "
+                    "(see --help)"
+                )
+            hint = suggest(unknown[0], flags, "; ") or "; see --help for the flags"
+            return f"unrecognized argument {unknown[0]}{hint}"
+        flag = message.split(":", 1)[0].removeprefix("argument ").split("/")[-1].strip()
+        if flag in flags:
+            action = next(a for a in self._actions if flag in a.option_strings)
+            example = EXAMPLES.get(flag, action.default)
+            if example is not None and not isinstance(example, bool | list):
+                return f"{message}; e.g. {flag} {example}"
+        return message
+
+
+def _int(text: str) -> int:
+    """argparse type: an integer, also written 1e3 or 1_000."""
+    try:
+        return int(text)
+    except ValueError:
+        pass
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if not value.is_integer():
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number")
+    return int(value)
+
+
+def _float(text: str) -> float:
+    try:
+        return float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -41,6 +105,7 @@ def build_parser() -> argparse.ArgumentParser:
         prog="train.py",
         description="Train a GPT with data, tensor (1D/2D/2.5D/3D) and sequence parallelism.",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        allow_abbrev=False,  # --step is a mistake for --steps, not an abbreviation of it
     )
     a = p.add_argument
     a("--model", default=d.model, help="model name (see --list-models)")
@@ -53,15 +118,15 @@ def build_parser() -> argparse.ArgumentParser:
     )
     a(
         "--devices",
-        type=int,
+        type=_int,
         default=None,
         help=f"devices to use; on a CPU, simulate this many (default {DEFAULT_CPU_DEVICES} on CPU, "
         "all on GPU)",
     )
     a("--tensor-mode", default=None, help=f"one of {', '.join(TENSOR_MODES)}")
-    a("--tensor-depth", type=int, default=None, help="depth d of 2.5d when using --mesh tensor=N")
+    a("--tensor-depth", type=_int, default=None, help="depth d of 2.5d when using --mesh tensor=N")
     a("--seq-mode", default=None, help=f"one of {', '.join(SEQ_MODES)}")
-    a("--zero", type=int, default=None, help="ZeRO stage: 0 or 1 (optimizer state over data)")
+    a("--zero", type=_int, default=None, help="ZeRO stage: 0 or 1 (optimizer state over data)")
     a(
         "--pipeline",
         default=None,
@@ -69,26 +134,36 @@ def build_parser() -> argparse.ArgumentParser:
     )
     a(
         "--microbatches",
-        type=int,
+        type=_int,
         default=None,
         help="microbatches per step through the pipeline (a microbatch is batch/M); default 2·pipe",
     )
     a(
         "--virtual-stages",
-        type=int,
+        type=_int,
         default=1,
         help="model chunks per pipeline stage (interleaved 1F1B), e.g. 2",
     )
-    a("--steps", type=int, default=d.steps, help="total steps of the run")
-    a("--batch-size", type=int, default=d.batch_size, help="global batch in sequences")
-    a("--seq-len", type=int, default=d.seq_len, help="tokens per sequence")
+    a("--steps", type=_int, default=d.steps, help="total steps of the run")
+    a("--batch-size", type=_int, default=d.batch_size, help="global batch in sequences")
+    a("--seq-len", type=_int, default=d.seq_len, help="tokens per sequence")
     a("--optimizer", default=o.name, help=f"one of {', '.join(OPTIMIZERS)}")
-    a("--lr", type=float, default=o.lr, help="peak learning rate")
-    a("--warmup-steps", type=int, default=o.warmup_steps)
-    a("--weight-decay", type=float, default=o.weight_decay)
-    a("--clip-norm", type=float, default=o.clip_norm, help="global-norm clipping (0: off)")
+    a("--lr", type=_float, default=o.lr, help="peak learning rate")
+    a(
+        "--warmup-steps",
+        type=_int,
+        default=o.warmup_steps,
+        help="steps of linear warm-up from 0 to --lr; then cosine decay to the end",
+    )
+    a(
+        "--weight-decay",
+        type=_float,
+        default=o.weight_decay,
+        help="decoupled weight decay of matrices (0: off)",
+    )
+    a("--clip-norm", type=_float, default=o.clip_norm, help="global-norm clipping (0: off)")
     a("--precision", default=d.precision, help=f"one of {', '.join(PRECISIONS)}")
-    a("--seed", type=int, default=d.seed)
+    a("--seed", type=_int, default=d.seed, help="seeds parameter init and the data order")
     a(
         "--attention",
         default=d.attention,
@@ -96,9 +171,14 @@ def build_parser() -> argparse.ArgumentParser:
     )
     a("--data", default=d.data, help="stdlib (embedded), synthetic, a text file or a .npy file")
     a("--metrics-file", default=None, help="JSON lines, one record per step")
-    a("--tensorboard-dir", default=None)
+    a("--tensorboard-dir", default=None, help="write TensorBoard event files here")
     a("--checkpoint-dir", default=None, help="save here; re-run the same command to resume")
-    a("--checkpoint-every", type=int, default=d.checkpoint_every)
+    a(
+        "--checkpoint-every",
+        type=_int,
+        default=d.checkpoint_every,
+        help="save a checkpoint every N steps (and at the end)",
+    )
     a(
         "--set",
         action="append",
@@ -108,17 +188,29 @@ def build_parser() -> argparse.ArgumentParser:
     )
     a("--no-progress", action="store_true", help="no progress bar")
     a("--coordinator", default=None, help="multi-process: coordinator host:port")
-    a("--num-processes", type=int, default=None)
-    a("--process-id", type=int, default=None)
-    a("--list-models", action="store_true")
-    a("--list-meshes", action="store_true")
+    a(
+        "--num-processes",
+        type=_int,
+        default=None,
+        help="multi-process: how many processes (one per host), with --coordinator",
+    )
+    a(
+        "--process-id",
+        type=_int,
+        default=None,
+        help="multi-process: this process's index, 0..N-1 (0 hosts the coordinator)",
+    )
+    a("--list-models", action="store_true", help="print the models and their sizes, then exit")
+    a("--list-meshes", action="store_true", help="print the mesh presets, then exit")
     return p
 
 
 def _setup_devices(args) -> None:
     n = args.devices if args.devices is not None else DEFAULT_CPU_DEVICES
     if n < 1:
-        raise ConfigError(f"--devices {n} must be at least 1")
+        raise ConfigError(
+            f"--devices {n} must be at least 1 (e.g. --devices {DEFAULT_CPU_DEVICES})"
+        )
     flags = os.environ.get("XLA_FLAGS", "")
     if "xla_force_host_platform_device_count" not in flags:
         os.environ["XLA_FLAGS"] = f"{flags} --xla_force_host_platform_device_count={n}".strip()
@@ -138,27 +230,87 @@ def _apply_sets(cfg: TrainConfig, sets: list[str]) -> TrainConfig:
         if head == "model" and rest:
             if rest not in model_types:
                 raise ConfigError(
-                    f"--set {key}: model has no field {rest!r}; fields: {', '.join(model_types)}"
+                    f"--set {key}: model has no field {rest!r}; "
+                    f"{suggest(rest, model_types, suffix=' ')}fields: {', '.join(model_types)}"
                 )
-            model_over[rest] = coerce(value, model_types[rest])
+            example = getattr(GPTConfig(), rest)
+            model_over[rest] = _coerce(key, value, model_types[rest], example)
         elif head in groups and rest:
             types_ = field_types(groups[head])
             if rest not in types_:
                 raise ConfigError(
-                    f"--set {key}: {head} has no field {rest!r}; fields: {', '.join(types_)}"
+                    f"--set {key}: {head} has no field {rest!r}; "
+                    f"{suggest(rest, types_, suffix=' ')}fields: {', '.join(types_)}"
                 )
-            sub = dataclasses.replace(getattr(cfg, head), **{rest: coerce(value, types_[rest])})
+            sub = dataclasses.replace(
+                getattr(cfg, head),
+                **{rest: _coerce(key, value, types_[rest], getattr(getattr(cfg, head), rest))},
+            )
             cfg = dataclasses.replace(cfg, **{head: sub})
         else:
             name = rest if head == "train" and rest else key
             types_ = field_types(TrainConfig)
-            if name not in types_ or name in ("optim", "parallel", "model_overrides"):
+            plain = [t for t in types_ if t not in ("optim", "parallel", "model_overrides")]
+            if name not in plain:
+                near = suggest(key, plain + [f"model.{f}" for f in model_types], suffix=" ")
                 raise ConfigError(
-                    f"--set {key}: unknown field; use model.*, optim.*, parallel.* or one of "
-                    f"{', '.join(t for t in types_ if t not in ('optim', 'parallel'))}"
+                    f"--set {key}: unknown field; {near}use model.*, "
+                    f"optim.*, parallel.* or one of {', '.join(plain)}"
                 )
-            cfg = dataclasses.replace(cfg, **{name: coerce(value, types_[name])})
+            example = getattr(cfg, name)
+            cfg = dataclasses.replace(cfg, **{name: _coerce(key, value, types_[name], example)})
+            preflight.check_field(name, getattr(cfg, name))
     return dataclasses.replace(cfg, model_overrides=model_over)
+
+
+def _coerce(key: str, value: str, annotation, example) -> object:
+    """``coerce`` whose error names the ``--set`` item and a valid one (``--set model.n_layer=abc:
+    'abc' is not a valid int; e.g. --set model.n_layer=12``)."""
+    try:
+        return coerce(value, annotation)
+    except ConfigError as e:
+        hint = f"; e.g. --set {key}={example}" if example is not None else ""
+        raise ConfigError(f"--set {key}={value}: {e}{hint}") from None
+
+
+def _check_model_name(name: str) -> None:
+    from models.gpt import MODELS
+
+    if name not in MODELS:
+        raise ConfigError(
+            f"--model {name!r} is unknown; {suggest(name, MODELS, suffix=' ')}"
+            f"choose one of {', '.join(MODELS)}"
+        )
+
+
+def _architecture(name: str, overrides: dict) -> dict:
+    from models.gpt import model_config
+
+    return dataclasses.asdict(model_config(name, **overrides))
+
+
+def list_models() -> list[str]:
+    from colossal_jax.data import BYTE_VOCAB
+    from models.gpt import MODELS
+
+    lines = [
+        f"{'model':12s} {'layers':>6s} {'hidden':>6s} {'heads':>5s}  parameters with the default "
+        f"data (--data stdlib: {BYTE_VOCAB}-token byte vocabulary), as a run prints them"
+    ]
+    for name, m in MODELS.items():
+        n = param_count(dataclasses.replace(m, vocab_size=BYTE_VOCAB))
+        own = (
+            f" ({param_count(m) / 1e6:.2f}M with --set model.vocab_size={m.vocab_size})"
+            if m.vocab_size != BYTE_VOCAB
+            else ""
+        )
+        lines.append(f"{name:12s} {m.n_layer:6d} {m.n_embd:6d} {m.n_head:5d}  {n / 1e6:.2f}M{own}")
+    return lines
+
+
+def list_meshes() -> list[str]:
+    head = f"{'preset':14s} {'axes (data=rest: the remaining devices)':50s} {'modes':24s} about"
+    return [head] + [describe_preset(name) for name in list_presets()]
 
 
 def config_from_args(args, n_devices: int) -> TrainConfig:
@@ -208,17 +360,34 @@ def config_from_args(args, n_devices: int) -> TrainConfig:
         parallel=parallel,
     )
     cfg = _apply_sets(cfg, args.set)
+    _check_model_name(cfg.model)
     cfg.parallel.validate(n_devices)
     cfg.validate()
     return cfg
+
+
+def _log_after(notes: list[str]):
+    """``print``, but first the notes on stderr: train logs only once every check has passed."""
+    pending = list(notes)
+
+    def log(line: str) -> None:
+        while pending:
+            print(f"note: {pending.pop(0)}", file=sys.stderr)
+        print(line)
+
+    return log
 
 
 def main(argv: list[str] | None = None) -> int:
     try:
         args = build_parser().parse_args(argv)
         if args.list_meshes:
-            print("\n".join(list_presets()))
+            print("\n".join(list_meshes()))
             return 0
+        if args.list_models:
+            print("\n".join(list_models()))
+            return 0
+        preflight.check_args(args)
         _setup_devices(args)
         import jax
 
@@ -230,15 +399,6 @@ def main(argv: list[str] | None = None) -> int:
                 num_processes=args.num_processes,
                 process_id=args.process_id,
             )
-        if args.list_models:
-            from models.gpt import MODELS
-
-            for name, m in MODELS.items():
-                print(
-                    f"{name:12s} layers={m.n_layer:3d} hidden={m.n_embd:6d} heads={m.n_head:3d}"
-                    f" params≈{m.matmul_params() / 1e6:,.0f}M"
-                )
-            return 0
         available = jax.device_count()
         n = available
         if args.devices is not None and jax.default_backend() != "cpu":
@@ -246,9 +406,15 @@ def main(argv: list[str] | None = None) -> int:
                 raise ConfigError(f"--devices {args.devices} but only {available} are available")
             n = args.devices
         cfg = config_from_args(args, n)
+        preflight.check_resume(cfg, _architecture)
         from colossal_jax.train import train
 
-        train(dataclasses.replace(cfg, devices=n), progress=not args.no_progress)
+        notes = [note] if (note := warmup_note(cfg)) else []
+        train(
+            dataclasses.replace(cfg, devices=n),
+            progress=not args.no_progress,
+            log=_log_after(notes),
+        )
         return 0
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)

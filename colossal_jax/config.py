@@ -192,14 +192,28 @@ class ParallelConfig:
 
 
 def _choice(flag: str, value: Any, valid: tuple[str, ...]) -> str:
-    return f"{flag} {value!r} is not one of {', '.join(valid)}"
+    return f"{flag} {value!r} is not one of {', '.join(valid)}{suggest(value, valid, '; ')}"
+
+
+def suggest(value: Any, valid: Any, prefix: str = "", suffix: str = "") -> str:
+    """``prefix`` "did you mean 'x'?" ``suffix`` for a near miss (any case) of one of ``valid``,
+    or "" when nothing is close."""
+    import difflib
+
+    lowered = {str(v).lower(): str(v) for v in valid}
+    key = str(value).lower()
+    close = [key] if key in lowered else difflib.get_close_matches(key, list(lowered), n=1)
+    return f"{prefix}did you mean {lowered[close[0]]!r}?{suffix}" if close else ""
 
 
 def _factor_tensor(total: int, mode: str, depth: int | None) -> dict[str, int]:
     """Split the shorthand ``tensor=N`` into tensor_row/col/depth for ``mode``."""
     if mode in ("none", "1d"):
         if mode == "none" and total > 1:
-            raise ConfigError(f"tensor={total} needs --tensor-mode 1d|2d|2.5d|3d")
+            raise ConfigError(
+                f"--mesh tensor={total} needs --tensor-mode 1d|2d|2.5d|3d to say how to split it; "
+                f"e.g. --mesh tensor={total} --tensor-mode 1d"
+            )
         return {"tensor_row": total}
     if mode == "2d":
         q = math.isqrt(total)
@@ -241,11 +255,27 @@ def parse_mesh(
     the tensor mode. Unnamed axes are 1, except ``data``, which takes the remaining devices.
     Returns the axis sizes, plus ``tensor_mode``/``seq_mode``/``zero`` if a preset sets them.
     """
-    if spec is None or spec.strip() == "":
-        return {"data": n_devices}
-    preset = _preset_path(spec)
+    if tensor_depth is not None and tensor_depth < 1:
+        raise ConfigError(
+            f"--tensor-depth {tensor_depth} must be at least 1 (e.g. --tensor-depth 2)"
+        )
+    if spec is not None and spec.strip() == "":
+        raise ConfigError(
+            f"--mesh {spec!r} is empty; omit --mesh or give e.g. data={n_devices} (without "
+            f"--mesh, data parallelism over all {n_devices} devices)"
+        )
+    preset = _preset_path(spec) if spec is not None else None
     if preset is not None:
+        if tensor_depth is not None:
+            raise ConfigError(
+                f"--tensor-depth {tensor_depth} does not apply to the preset {spec} (it sets its "
+                "own axes); omit --tensor-depth"
+            )
         return _load_preset(preset, n_devices)
+    if tensor_depth is not None and (tensor_mode != "2.5d" or spec is None):
+        raise ConfigError(_depth_alone(tensor_depth, spec, tensor_mode))
+    if spec is None:
+        return {"data": n_devices}
     sizes: dict[str, int] = {}
     tensor_total: int | None = None
     for part in spec.split(","):
@@ -266,6 +296,11 @@ def parse_mesh(
         if n < 1:
             raise ConfigError(f"--mesh {name}={n}: sizes must be at least 1")
         if name == "tensor":
+            if tensor_total is not None:
+                raise ConfigError(
+                    f"--mesh names tensor twice (tensor={tensor_total} and tensor={n}); give it "
+                    f"once, e.g. tensor={tensor_total}"
+                )
             tensor_total = n
             continue
         if name not in AXES:
@@ -277,8 +312,13 @@ def parse_mesh(
                 f"--mesh axis {name!r} is unknown; {hint}valid axes: {', '.join(AXES)} (or tensor)"
             )
         if name in sizes:
-            raise ConfigError(f"--mesh names axis {name!r} twice")
+            raise ConfigError(
+                f"--mesh names axis {name!r} twice ({name}={sizes[name]} and {name}={n}); give "
+                f"each axis once, e.g. {name}={sizes[name]}"
+            )
         sizes[name] = n
+    if tensor_depth is not None and tensor_total is None:
+        raise ConfigError(_depth_alone(tensor_depth, spec, tensor_mode))
     if tensor_total is not None:
         given = [a for a in ("tensor_row", "tensor_col", "tensor_depth") if a in sizes]
         if given:
@@ -293,6 +333,14 @@ def parse_mesh(
             )
         sizes["data"] = n_devices // rest
     return sizes
+
+
+def _depth_alone(depth: int, spec: str | None, mode: str) -> str:
+    return (
+        f"--tensor-depth {depth} applies only to --mesh tensor=N with --tensor-mode 2.5d (got "
+        f"--mesh {spec or '(none)'}, --tensor-mode {mode}); e.g. --mesh tensor=8 --tensor-mode "
+        "2.5d --tensor-depth 2, or omit --tensor-depth"
+    )
 
 
 def list_presets() -> list[str]:
@@ -336,6 +384,20 @@ def _load_preset(path: Path, n_devices: int) -> dict[str, Any]:
     return out
 
 
+def describe_preset(name: str) -> str:
+    """One line for ``--list-meshes``: name, axis sizes, modes, and the preset's own comment."""
+    path = MESHES_DIR / f"{name}.toml"
+    text = path.read_text()
+    doc = tomllib.loads(text)
+    mesh = doc.get("mesh", {})
+    axes = " ".join(["data=rest"] * ("data" not in mesh) + [f"{k}={v}" for k, v in mesh.items()])
+    modes = " ".join(f"{k}={v}" for k, v in doc.get("modes", {}).items()) or "-"
+    note = " ".join(
+        line.lstrip("#").strip() for line in text.splitlines() if line.startswith("#")
+    ).strip()
+    return f"{name:14s} {axes:50s} {modes:24s} {note}".rstrip()
+
+
 # ---- model / optimizer / training -------------------------------------------------------------
 
 
@@ -364,6 +426,35 @@ class OptimConfig:
     eps: float = 1e-8
     clip_norm: float = 1.0
     lars_trust: float = 0.001
+
+    def validate(self) -> None:
+        """Values no optimizer can use: negative decay or clipping, moments outside [0, 1)."""
+        if self.warmup_steps < 0:
+            raise ConfigError(
+                f"--warmup-steps {self.warmup_steps} must be 0 or more (e.g. --warmup-steps 20)"
+            )
+        for flag, value, example, what in (
+            ("--weight-decay", self.weight_decay, "0.01", "0 turns it off"),
+            ("--clip-norm", self.clip_norm, "1.0", "0 turns clipping off"),
+            ("--set optim.eps=", self.eps, "1e-8", "added to the denominator"),
+            ("--set optim.min_lr_ratio=", self.min_lr_ratio, "0.1", "final lr / peak lr"),
+        ):
+            if not (math.isfinite(value) and value >= 0):
+                sep = "" if flag.endswith("=") else " "
+                raise ConfigError(
+                    f"{flag}{sep}{value} must be a finite number ≥ 0 ({what}); e.g. "
+                    f"{flag}{sep}{example}"
+                )
+        for key, value, example in (("b1", self.b1, 0.9), ("b2", self.b2, 0.95)):
+            if not 0 <= value < 1:
+                raise ConfigError(
+                    f"--set optim.{key}={value} must be in [0, 1); e.g. --set optim.{key}={example}"
+                )
+        if not (math.isfinite(self.lars_trust) and self.lars_trust > 0):
+            raise ConfigError(
+                f"--set optim.lars_trust={self.lars_trust} must be positive; e.g. "
+                "--set optim.lars_trust=0.001"
+            )
 
 
 @dataclass(frozen=True)
@@ -409,9 +500,11 @@ class TrainConfig:
         if self.steps < 1:
             raise ConfigError(f"--steps {self.steps} must be at least 1 (e.g. --steps 100)")
         if self.batch_size < 1:
-            raise ConfigError(f"--batch-size {self.batch_size} must be at least 1")
+            raise ConfigError(
+                f"--batch-size {self.batch_size} must be at least 1 (e.g. --batch-size 16)"
+            )
         if self.seq_len < 2:
-            raise ConfigError(f"--seq-len {self.seq_len} must be at least 2")
+            raise ConfigError(f"--seq-len {self.seq_len} must be at least 2 (e.g. --seq-len 128)")
         if self.precision not in PRECISIONS:
             raise ConfigError(_choice("--precision", self.precision, PRECISIONS))
         if self.attention not in ATTENTION_IMPLS:
@@ -428,10 +521,15 @@ class TrainConfig:
             )
         if self.optim.name not in OPTIMIZERS:
             raise ConfigError(_choice("--optimizer", self.optim.name, OPTIMIZERS))
-        if self.optim.lr <= 0:
-            raise ConfigError(f"--lr {self.optim.lr} must be positive (e.g. --lr 3e-3)")
+        if not (math.isfinite(self.optim.lr) and self.optim.lr > 0):
+            raise ConfigError(f"--lr {self.optim.lr} must be positive and finite (e.g. --lr 3e-3)")
+        self.optim.validate()
         if self.checkpoint_every < 1:
-            raise ConfigError(f"--checkpoint-every {self.checkpoint_every} must be at least 1")
+            raise ConfigError(
+                f"--checkpoint-every {self.checkpoint_every} must be at least 1 "
+                "(e.g. --checkpoint-every 50)"
+            )
+        self._validate_run_fields()
         if self.checkpoint_dir is not None:
             p = Path(self.checkpoint_dir)
             if p.exists() and not p.is_dir():
@@ -442,6 +540,142 @@ class TrainConfig:
         for flag, f in (("--metrics-file", self.metrics_file),):
             if f is not None and Path(f).is_dir():
                 raise ConfigError(f"{flag} {f} is a directory; name a file")
+
+    def _validate_run_fields(self) -> None:
+        if not 0 <= self.seed < 2**63:
+            raise ConfigError(f"--seed {self.seed} must be in [0, 2**63) (e.g. --seed 0)")
+        if self.log_every < 1:
+            raise ConfigError(
+                f"--set log_every={self.log_every} must be at least 1 (e.g. --set log_every=10)"
+            )
+        par = self.parallel
+        if par.seq_mode != "none" and par.seq == 1:
+            raise ConfigError(
+                f"--seq-mode {par.seq_mode} needs a seq axis, but the mesh {par.short()} has "
+                f"seq=1; add one, e.g. --mesh data=2,seq=4, or omit --seq-mode"
+            )
+        if par.tensor_mode != "none" and par.tensor_size == 1:
+            raise ConfigError(
+                f"--tensor-mode {par.tensor_mode} needs tensor axes, but the mesh {par.short()} "
+                f"has none; add them, e.g. --mesh tensor=4 --tensor-mode {par.tensor_mode}"
+                f"{' --tensor-depth 1' if par.tensor_mode == '2.5d' else ''}, or omit --tensor-mode"
+            )
+
+
+def warmup_note(cfg: TrainConfig) -> str | None:
+    """What ``optim.schedule`` does to a warm-up that does not fit in the run, or None."""
+    w, steps = cfg.optim.warmup_steps, cfg.steps
+    if w < steps:
+        return None
+    fit = max(steps - 1, 0)
+    tenth = steps // 10
+    hint = (
+        f"--warmup-steps {tenth} warms up for a tenth of the run"
+        if tenth
+        else ("--warmup-steps 0 starts at the peak")
+    )
+    return (
+        f"--warmup-steps {w} is not shorter than --steps {steps}; the warm-up is cut to {fit} "
+        f"steps, so the learning rate reaches --lr {cfg.optim.lr} only at the last step and "
+        f"never decays ({hint})"
+    )
+
+
+MODEL_SIZES = ("vocab_size", "block_size", "n_layer", "n_head", "n_embd", "mlp_ratio")
+
+
+def validate_model(model: Any, base: Any, overrides: dict[str, Any]) -> None:
+    """Model dimensions no mesh can fix. ``model`` and ``base`` (the named model) are GPTConfigs;
+    ``overrides`` the ``--set model.*`` values, so the message names the flag that was given."""
+    for key in MODEL_SIZES:
+        value = getattr(model, key)
+        if not isinstance(value, int) or value < 1:
+            raise ConfigError(
+                f"--set model.{key}={value} must be a positive integer; e.g. "
+                f"--set model.{key}={getattr(base, key)}"
+            )
+    for key, least in (("eps", 0.0), ("rope_theta", 1.0)):
+        value = getattr(model, key)
+        if not (math.isfinite(value) and value >= least):
+            raise ConfigError(
+                f"--set model.{key}={value} must be a finite number ≥ {least:g}; e.g. "
+                f"--set model.{key}={getattr(base, key)}"
+            )
+    h, heads = model.n_embd, model.n_head
+    if h % heads:
+        if "n_head" in overrides and "n_embd" not in overrides:
+            near = _near(heads, [d for d in range(1, h + 1) if h % d == 0])
+            raise ConfigError(
+                f"--set model.n_head={heads} does not divide model.n_embd={h}; use "
+                f"--set model.n_head={' or '.join(map(str, near))}"
+            )
+        lo = max(heads, h // heads * heads)
+        near = sorted({lo, h // heads * heads + heads} - {h})
+        raise ConfigError(
+            f"--set model.n_embd={h} is not divisible by model.n_head={heads}; use "
+            f"--set model.n_embd={' or '.join(map(str, near))}"
+        )
+    if model.position == "rope" and (h // heads) % 2:
+        raise ConfigError(
+            f"--set model.position=rope needs an even head size, but n_embd/n_head = {h}/{heads} "
+            f"= {h // heads}; use --set model.n_embd={h + heads} or --set model.position=learned"
+        )
+
+
+def param_count(m: Any) -> int:
+    """Parameters of ``models.gpt.GPT(m)`` for a GPTConfig ``m``: embeddings, layers (with biases
+    and layer norms), the final norm and the untied LM head."""
+    h, w, v = m.n_embd, m.mlp_ratio * m.n_embd, m.vocab_size
+    layer = 4 * h * h + 4 * h + 2 * h * w + w + h + 4 * h  # attention, MLP, two layer norms
+    positions = m.block_size * h if m.position == "learned" else 0
+    return v * h + positions + m.n_layer * layer + 2 * h + h * v
+
+
+def state_bytes(cfg: TrainConfig, m: Any) -> float:
+    """A floor on the bytes of training state per device: fp32 parameters and gradients split
+    over the tensor and pipeline axes, optimizer moments also over ``data`` under ZeRO-1. No
+    activations, so a model this refuses cannot fit whatever the activations."""
+    par, n = cfg.parallel, param_count(m)
+    slots = {"adamw": 2, "lamb": 2, "lars": 1, "sgd": 1 if cfg.optim.b1 else 0}.get(
+        cfg.optim.name, 2
+    )
+    split = par.tensor_size * par.pipe
+    opt_split = split * (par.data if par.zero >= 1 else 1)
+    return 4 * n * 2 / split + 4 * n * slots / opt_split
+
+
+def check_memory(
+    cfg: TrainConfig, m: Any, capacity: int, sharing: int, models: dict[str, Any]
+) -> None:
+    """Refuse a model whose training state alone exceeds the memory: ``capacity`` bytes shared by
+    ``sharing`` devices (simulated CPU devices share the host's memory)."""
+    need = state_bytes(cfg, m)
+    if need * sharing <= capacity:
+        return
+    sized = {name: dataclasses.replace(b, vocab_size=m.vocab_size) for name, b in models.items()}
+    fits = sorted(
+        (param_count(b), name)
+        for name, b in sized.items()
+        if state_bytes(cfg, b) * sharing <= capacity
+    )
+    where = (
+        f"the {sharing} devices of this host share {capacity / 1e9:.1f} GB"
+        if sharing > 1
+        else f"a device has {capacity / 1e9:.1f} GB"
+    )
+    alternative = f"e.g. --model {fits[-1][1]}" if fits else "a smaller --model"
+    raise ConfigError(
+        f"--model {cfg.model} ({param_count(m) / 1e9:.2f}B parameters) needs at least "
+        f"{need / 1e9:.1f} GB per device for fp32 parameters, gradients and {cfg.optim.name} "
+        f"state on the mesh {cfg.parallel.short()}, but {where}; use {alternative}, more tensor "
+        "parallelism, or --zero 1"
+    )
+
+
+def _near(x: int, candidates: list[int]) -> list[int]:
+    below = [c for c in candidates if c < x]
+    above = [c for c in candidates if c > x]
+    return ([below[-1]] if below else []) + ([above[0]] if above else [])
 
 
 def coerce(value: str, annotation: Any) -> Any:

@@ -73,11 +73,83 @@ def load_corpus(spec: str) -> Corpus:
             f"--data {spec!r} is not a file; use stdlib, synthetic, a text file or a .npy file"
         )
     if path.suffix == ".npy":
-        tokens = np.load(path, mmap_mode="r")
-        if tokens.ndim != 1 or not np.issubdtype(tokens.dtype, np.integer):
-            raise ConfigError(f"--data {spec}: expected a 1-D integer token array")
-        return Corpus(path.name, np.asarray(tokens, dtype=np.int32), int(tokens.max()) + 1)
-    return Corpus(path.name, encode(path.read_bytes()), BYTE_VOCAB)
+        tokens = _npy_tokens(spec, path)
+        return Corpus(path.name, tokens, int(tokens.max()) + 1)
+    if path.suffix in BINARY_SUFFIXES:
+        raise ConfigError(
+            f"--data {spec}: {path.suffix} files are not read; give a text file or a .npy array "
+            "of token ids, e.g. np.save('tokens.npy', np.fromfile(path, dtype=np.uint16))"
+        )
+    try:
+        data = path.read_bytes()
+    except OSError as e:
+        raise ConfigError(
+            f"--data {spec} cannot be read ({e.strerror}); use --data stdlib"
+        ) from None
+    if not data:
+        raise ConfigError(
+            f"--data {spec} is empty; give a text file with more bytes than --seq-len, or "
+            "--data stdlib"
+        )
+    return Corpus(path.name, encode(data), BYTE_VOCAB)
+
+
+BINARY_SUFFIXES = (".bin", ".npz", ".pt", ".pth", ".safetensors", ".parquet", ".arrow", ".pkl")
+_SAVE_HINT = "save token ids with np.save(path, ids.astype(np.int32))"
+
+
+def _npy_tokens(spec: str, path: Path) -> np.ndarray:
+    """The token ids of a ``.npy`` file as int32, or a ConfigError naming what is wrong."""
+    try:
+        with path.open("rb") as f:
+            version = np.lib.format.read_magic(f)
+            read_header = (
+                np.lib.format.read_array_header_1_0
+                if version == (1, 0)
+                else np.lib.format.read_array_header_2_0
+            )
+            shape, _, dtype = read_header(f)
+    except (ValueError, OSError, EOFError) as e:
+        reason = " ".join(str(e).split())
+        raise ConfigError(f"--data {spec} is not a .npy file ({reason}); {_SAVE_HINT}") from None
+    if dtype.hasobject or not (
+        np.issubdtype(dtype, np.integer) or np.issubdtype(dtype, np.floating)
+    ):
+        raise ConfigError(f"--data {spec} holds dtype {dtype}, not integer token ids; {_SAVE_HINT}")
+    if len(shape) != 1:
+        raise ConfigError(
+            f"--data {spec} holds an array of shape {shape}; expected 1-D token ids, "
+            "e.g. np.save(path, ids.reshape(-1))"
+        )
+    if shape[0] == 0:
+        raise ConfigError(f"--data {spec} holds no tokens (shape (0,)); {_SAVE_HINT}")
+    try:
+        raw = np.load(path, mmap_mode="r", allow_pickle=False)
+    except (ValueError, OSError) as e:
+        reason = " ".join(str(e).split())
+        raise ConfigError(
+            f"--data {spec} is truncated or unreadable ({reason}); {_SAVE_HINT}"
+        ) from None
+    if np.issubdtype(dtype, np.floating):
+        whole = np.isfinite(raw) & (raw == np.floor(raw))
+        if not whole.all():
+            i = int(np.argmin(whole))
+            raise ConfigError(
+                f"--data {spec} holds {dtype} values that are not token ids ({raw[i]} at index "
+                f"{i}); {_SAVE_HINT}"
+            )
+    lo, hi = int(raw.min()), int(raw.max())
+    if lo < 0:
+        i = int(np.argmax(raw < 0))
+        raise ConfigError(
+            f"--data {spec} has a negative token id {int(raw[i])} at index {i}; token ids must "
+            f"be 0 or more (0..vocab_size-1)"
+        )
+    if hi >= 2**31:
+        raise ConfigError(
+            f"--data {spec} has token id {hi}, beyond int32; token ids must be below {2**31}"
+        )
+    return np.asarray(raw, dtype=np.int32)
 
 
 @dataclass(frozen=True)
@@ -102,12 +174,15 @@ class Batches:
         if toks is not None and len(toks) < self.seq_len + 2:
             raise ConfigError(
                 f"the corpus {self.corpus.name} has {len(toks)} tokens, fewer than "
-                f"--seq-len {self.seq_len} + 2"
+                f"--seq-len {self.seq_len} + 2; "
+                + (f"use --seq-len {len(toks) - 2} or " if len(toks) >= 4 else "use ")
+                + "a longer file"
             )
         if self.corpus.vocab_size is not None and self.corpus.vocab_size > self.vocab_size:
             raise ConfigError(
-                f"the data has token ids up to {self.corpus.vocab_size - 1} but model.vocab_size "
-                f"is {self.vocab_size}; set --set model.vocab_size={self.corpus.vocab_size}"
+                f"the data ({self.corpus.name}) has token ids up to {self.corpus.vocab_size - 1} "
+                f"but --set model.vocab_size={self.vocab_size}; use --set model.vocab_size="
+                f"{self.corpus.vocab_size}"
             )
 
     def batch(self, step: int) -> dict[str, np.ndarray]:

@@ -50,6 +50,19 @@ def resolve_model(cfg: TrainConfig, data_vocab: int | None) -> GPTConfig:
 
 def validate_run(cfg: TrainConfig, model: GPTConfig, layout: TensorLayout) -> None:
     """Every divisibility the chosen mesh and modes need, checked before anything compiles."""
+    import os
+
+    from colossal_jax.config import check_memory, validate_model
+    from models.gpt import MODELS
+
+    validate_model(model, MODELS[cfg.model], cfg.model_overrides)
+    device = jax.local_devices()[0]
+    stats = device.memory_stats() or {}
+    if "bytes_limit" in stats:
+        check_memory(cfg, model, int(stats["bytes_limit"]), 1, MODELS)
+    elif device.platform == "cpu" and hasattr(os, "sysconf"):
+        host = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+        check_memory(cfg, model, host, min(cfg.parallel.size, jax.local_device_count()), MODELS)
     par = cfg.parallel
     if cfg.seq_len > model.block_size:
         raise ConfigError(

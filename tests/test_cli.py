@@ -29,7 +29,7 @@ BAD = [
     (["--steps", "-1"], "--steps -1"),
     (
         ["--mesh", "data=2,tensor_row=4", "--tensor-mode", "1d", "--set", "model.n_head=6"],
-        "heads=6",
+        "n_head=6",
     ),
     (["--set", "model.nosuch=1"], "nosuch"),
 ]

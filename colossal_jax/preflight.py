@@ -1,0 +1,221 @@
+"""Checks of the command line against the file system and the launch, before JAX is imported.
+
+``cli.main`` calls :func:`check_args` right after parsing the flags, so an output path that cannot
+be written, a data file that holds no usable tokens, or an inconsistent multi-process launch is
+answered in well under a second, not after compiling (or inside ``jax.distributed.initialize``).
+The same per-field checks run again for values given with ``--set`` (:func:`check_field`). Every
+failure is a :class:`ConfigError` that names the bad value and a valid alternative. Nothing here
+leaves a trace on disk: writability is probed with temporary entries that are removed at once.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import tempfile
+from pathlib import Path
+
+from colossal_jax.config import ConfigError
+
+TMP = tempfile.gettempdir()
+
+
+def check_args(args) -> None:
+    """All checks of parsed ``scripts/train.py`` flags that need no devices."""
+    check_processes(args.coordinator, args.num_processes, args.process_id)
+    for name in CHECKS:
+        check_field(name, getattr(args, name))
+
+
+def check_field(name: str, value) -> None:
+    """Check one TrainConfig field with a file-system meaning (no-op for other fields)."""
+    if value is None or name not in CHECKS:
+        return
+    if not str(value).strip():
+        flag = "--" + name.replace("_", "-")
+        raise ConfigError(f"{flag} {value!r} is empty; name a path or omit {flag}")
+    CHECKS[name](value)
+
+
+def check_processes(coordinator: str | None, num: int | None, pid: int | None) -> None:
+    """``--coordinator HOST:PORT --num-processes N --process-id I`` go together, 0 ≤ I < N."""
+    example = "e.g. --coordinator 10.0.0.1:1234 --num-processes 2 --process-id 0"
+    if num is not None and num < 1:
+        raise ConfigError(f"--num-processes {num} must be at least 1; {example}")
+    if pid is not None and pid < 0:
+        raise ConfigError(f"--process-id {pid} must be 0 or more; {example}")
+    if num is not None and pid is not None and pid >= num:
+        raise ConfigError(
+            f"--process-id {pid} must be below --num-processes {num} (one of 0..{num - 1}); "
+            f"e.g. --process-id {num - 1}"
+        )
+    if coordinator is None:
+        if num is not None or pid is not None:
+            flag = "--num-processes" if num is not None else "--process-id"
+            raise ConfigError(
+                f"{flag} {num if num is not None else pid} needs --coordinator HOST:PORT (the "
+                f"address of process 0); {example}"
+            )
+        return
+    host, sep, port = coordinator.rpartition(":")
+    if not (sep and host and port.isdigit() and 0 < int(port) < 65536):
+        raise ConfigError(
+            f"--coordinator {coordinator!r} is not HOST:PORT with a port in 1..65535; "
+            "e.g. --coordinator 10.0.0.1:1234"
+        )
+    if num is None or pid is None:
+        missing = " and ".join(
+            f for f, v in (("--num-processes", num), ("--process-id", pid)) if v is None
+        )
+        raise ConfigError(
+            f"--coordinator {coordinator} needs {missing} as well; e.g. --coordinator "
+            f"{coordinator} --num-processes 2 --process-id 0 (and --process-id 1 on the other "
+            "host)"
+        )
+
+
+def check_writable_dir(flag: str, value: str, example: str) -> None:
+    """``value`` is a directory that exists and takes new files, or one that can be created."""
+    path = Path(value)
+    if path.exists():
+        if not path.is_dir():
+            raise ConfigError(
+                f"{flag} {value} exists and is not a directory; name a new or existing "
+                f"directory, e.g. {flag} {example}"
+            )
+        _probe(flag, value, path, example, make_dir=False)
+    else:
+        _probe(flag, value, _existing_ancestor(flag, value, example), example, make_dir=True)
+
+
+def check_writable_file(flag: str, value: str, example: str) -> None:
+    """``value`` is a file that can be appended to, or one that can be created."""
+    path = Path(value)
+    if path.is_dir():
+        raise ConfigError(
+            f"{flag} {value} is a directory; name a file, e.g. {flag} {path / 'metrics.jsonl'}"
+        )
+    if path.exists():
+        try:
+            with path.open("a"):
+                pass
+        except OSError as e:
+            raise ConfigError(
+                f"{flag} {value} is not writable ({e.strerror}); e.g. {flag} {example}"
+            ) from None
+        return
+    parent = path.parent
+    if parent.is_dir():
+        _probe(flag, value, parent, example, make_dir=False)
+    else:
+        _probe(flag, value, _existing_ancestor(flag, value, example), example, make_dir=True)
+
+
+def _existing_ancestor(flag: str, value: str, example: str) -> Path:
+    """The deepest existing ancestor of ``value``, which must be a directory."""
+    p = Path(value).absolute().parent
+    while not p.exists():
+        p = p.parent
+    if not p.is_dir():
+        raise ConfigError(
+            f"{flag} {value} cannot be created: {p} is a file, not a directory; e.g. "
+            f"{flag} {example}"
+        )
+    return p
+
+
+def _probe(flag: str, value: str, where: Path, example: str, *, make_dir: bool) -> None:
+    """Create (and remove) a temporary directory or file in ``where``."""
+    try:
+        if make_dir:
+            os.rmdir(tempfile.mkdtemp(prefix=".colossal-probe-", dir=where))
+        else:
+            with tempfile.TemporaryFile(prefix=".colossal-probe-", dir=where):
+                pass
+    except OSError as e:
+        raise ConfigError(
+            f"{flag} {value} is not writable: nothing can be created in {where} "
+            f"({e.strerror}); e.g. {flag} {example}"
+        ) from None
+
+
+def check_tensorboard_dir(value: str) -> None:
+    if importlib.util.find_spec("tensorboardX") is None:
+        raise ConfigError(
+            f"--tensorboard-dir {value} needs the tensorboardX package; pip install tensorboardX, "
+            "or omit --tensorboard-dir"
+        )
+    check_writable_dir("--tensorboard-dir", value, f"{TMP}/tb")
+
+
+def check_data(value: str) -> None:
+    """A data file must hold usable tokens (see ``data.load_corpus``); builtins need no check."""
+    if value in ("stdlib", "synthetic"):
+        return
+    from colossal_jax.data import load_corpus
+
+    load_corpus(value)
+
+
+def check_resume(cfg, architecture) -> None:
+    """A ``--checkpoint-dir`` holding a run must be resumed with the same model and optimizer
+    (their arrays must fit), read from the latest checkpoint's JSON metadata; the mesh may differ.
+    ``architecture(name, overrides)`` is the resolved model config as a dict."""
+    import json
+
+    root = Path(cfg.checkpoint_dir or "")
+    steps = sorted(
+        (int(p.name), p) for p in root.glob("*") if p.name.isdigit() and (p / "meta").is_dir()
+    )
+    if cfg.checkpoint_dir is None or not steps:
+        return
+    step, path = steps[-1]
+    try:
+        saved = json.loads((path / "meta" / "metadata").read_text())["config"]
+        before = architecture(saved["model"], saved.get("model_overrides", {}))
+        optim = saved["optim"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return  # not ours to judge; the restore reports it
+    try:
+        now = architecture(cfg.model, cfg.model_overrides)
+    except (ValueError, TypeError, KeyError):
+        return  # a bad model override; building the model reports it
+    where = f"--checkpoint-dir {cfg.checkpoint_dir} holds step {step} of a run with"
+    other = "or another --checkpoint-dir"
+    if saved["model"] != cfg.model:
+        raise ConfigError(
+            f"{where} --model {saved['model']}, not {cfg.model}; use --model "
+            f"{saved['model']} to resume it, {other}"
+        )
+    changed = [k for k in now if now[k] != before.get(k)]
+    if changed:
+        was = " ".join(f"model.{k}={before.get(k)}" for k in changed)
+        given = ", ".join(f"model.{k}={now[k]}" for k in changed)
+        raise ConfigError(
+            f"{where} {was}, not {given}; use --set {was.replace(' ', ' --set ')} "
+            f"to resume it, {other}"
+        )
+    if saved.get("seed", cfg.seed) != cfg.seed:
+        raise ConfigError(
+            f"{where} --seed {saved['seed']}, not {cfg.seed} (the data order would change); use "
+            f"--seed {saved['seed']} to resume it, {other}"
+        )
+    for flag, key, same in (
+        ("--optimizer", "name", lambda a, b: a == b),
+        ("--clip-norm", "clip_norm", lambda a, b: (a > 0) == (b > 0)),
+    ):
+        old, new = optim.get(key), getattr(cfg.optim, key)
+        if old is not None and not same(old, new):
+            raise ConfigError(
+                f"{where} {flag} {old}, not {new} (its optimizer state would not fit); use "
+                f"{flag} {old} to resume it, {other}"
+            )
+
+
+CHECKS = {
+    "metrics_file": lambda v: check_writable_file("--metrics-file", v, f"{TMP}/metrics.jsonl"),
+    "tensorboard_dir": check_tensorboard_dir,
+    "checkpoint_dir": lambda v: check_writable_dir("--checkpoint-dir", v, f"{TMP}/ckpt"),
+    "data": check_data,
+}
+"""TrainConfig fields (= flag names) checked here."""
