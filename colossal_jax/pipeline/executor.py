@@ -30,6 +30,7 @@ their gradients are summed over ``pipe`` once per step (only the first/last stag
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from typing import Any
 
@@ -37,7 +38,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from colossal_jax.pipeline.schedule import BACKWARD, COL, FORWARD, Schedule
+from colossal_jax.pipeline.schedule import BACKWARD, BRANCHES, COL, FORWARD, Schedule
 from colossal_jax.tensor.kernels import varying, varying_axes_of
 
 PIPE = "pipe"
@@ -100,7 +101,6 @@ def run_pipeline(
       block) and the ``rest`` gradient (summed over ``pipe``).
     """
     p, v_chunks, m = schedule.stages, schedule.virtual_stages, schedule.microbatches
-    last_chunk = v_chunks - 1
     stage = jax.lax.axis_index(PIPE)
     n_local = jax.tree.leaves(stack)[0].shape[0]
     per_chunk = n_local // v_chunks
@@ -157,40 +157,34 @@ def run_pipeline(
     }
     zeros_msg = _zeros(x_sds.shape, x_sds)
 
-    def forward(c, row):
+    def forward(c, row, *, embed_input: bool = False, head: bool = False):
         mb, v = row[COL["microbatch"]], row[COL["chunk"]]
-        first = (stage == 0) & (v == 0)
-        x = jax.lax.cond(
-            first,
-            lambda: as_act(embed(rest, mb)),
-            lambda: _read(c["act"], row[COL["input_slot"]]),
-        )
+        if embed_input:
+            x = as_act(embed(rest, mb))
+        else:
+            x = _read(c["act"], row[COL["input_slot"]])
         y, leaves = forward_with_residuals(chunk_params(v), x, positions[mb])
         y = as_act(y)
         slot = row[COL["residual_slot"]]
-        c = dict(
-            c, res=[_write(buf, slot, leaf) for buf, leaf in zip(c["res"], leaves, strict=True)]
-        )
-
-        def with_head(c):
+        c = dict(c, res=[_write(b, slot, leaf) for b, leaf in zip(c["res"], leaves, strict=True)])
+        if head:  # the loss and its gradient now; the gradient waits for this chunk's backward
             (total, _), pullback = jax.vjp(
                 lambda r, yy: head_fn(r, yy, targets[mb], weights[mb]), rest, y
             )
-            one = jnp.ones_like(total) / count
-            d_r, dy = pullback((one, jnp.zeros_like(total)))
-            d_rest = jax.tree.map(jnp.add, c["d_rest"], d_r)
-            grad = _write(c["grad"], row[COL["grad_slot"]], as_act(dy))
-            return dict(c, d_rest=d_rest, grad=grad, loss=c["loss"] + total / count)
-
-        c = jax.lax.cond((stage == p - 1) & (v == last_chunk), with_head, lambda c: c, c)
+            d_r, dy = pullback((jnp.ones_like(total) / count, jnp.zeros_like(total)))
+            c = dict(
+                c,
+                d_rest=jax.tree.map(jnp.add, c["d_rest"], d_r),
+                grad=_write(c["grad"], row[COL["grad_slot"]], as_act(dy)),
+                loss=c["loss"] + total / count,
+            )
         return c, y, zeros_msg
 
-    def backward(c, row):
+    def backward(c, row, *, embed_grad: bool = False):
         mb, v = row[COL["microbatch"]], row[COL["chunk"]]
         slot = row[COL["residual_slot"]]
         pullback = jax.tree.unflatten(res_tree[0], [_read(buf, slot) for buf in c["res"]])
-        dy = _read(c["grad"], row[COL["grad_slot"]])
-        d_params, dx = pullback(dy)
+        d_params, dx = pullback(_read(c["grad"], row[COL["grad_slot"]]))
         d_stack = jax.tree.map(
             lambda acc, g: jax.lax.dynamic_update_slice_in_dim(
                 acc,
@@ -203,24 +197,31 @@ def run_pipeline(
         )
         c = dict(c, d_stack=d_stack)
         dx = as_act(dx)
-
-        def embed_backward(c):
+        if embed_grad:
             _, pullback = jax.vjp(lambda r: as_act(embed(r, mb)), rest)
             (d_r,) = pullback(dx)
-            return dict(c, d_rest=jax.tree.map(jnp.add, c["d_rest"], d_r))
-
-        c = jax.lax.cond((stage == 0) & (v == 0), embed_backward, lambda c: c, c)
+            c = dict(c, d_rest=jax.tree.map(jnp.add, c["d_rest"], d_r))
         return c, zeros_msg, dx
 
     def idle(c, row):
         return c, zeros_msg, zeros_msg
+
+    branches = {  # one per schedule.BRANCHES entry, in that order
+        "idle": idle,
+        "forward": forward,
+        "forward_embed": functools.partial(forward, embed_input=True),
+        "forward_head": functools.partial(forward, head=True),
+        "backward": backward,
+        "backward_embed": functools.partial(backward, embed_grad=True),
+    }
+    branch_fns = [branches[name] for name in BRANCHES]
 
     fwd_ring = [(i, (i + 1) % p) for i in range(p)]
     bwd_ring = [(i, (i - 1) % p) for i in range(p)]
 
     def tick(c, rows):
         row = rows[stage]
-        c, send_f, send_b = jax.lax.switch(row[COL["op"]], [idle, forward, backward], c, row)
+        c, send_f, send_b = jax.lax.switch(row[COL["branch"]], branch_fns, c, row)
         recv_f = jax.lax.ppermute(send_f, PIPE, fwd_ring)
         recv_b = jax.lax.ppermute(send_b, PIPE, bwd_ring)
         c = dict(

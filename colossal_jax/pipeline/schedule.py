@@ -36,9 +36,14 @@ SCHEDULES = ("gpipe", "1f1b", "interleaved")
 
 IDLE, FORWARD, BACKWARD = 0, 1, 2
 
+# what the executor runs at a tick: the operation, specialised at the model's two ends
+BRANCHES = ("idle", "forward", "forward_embed", "forward_head", "backward", "backward_embed")
+BRANCH = {name: i for i, name in enumerate(BRANCHES)}
+
 # columns of Schedule.table[t, s]
 COLUMNS = (
     "op",  # IDLE / FORWARD / BACKWARD
+    "branch",  # index into BRANCHES (forward_embed: chunk 0; forward_head: the last chunk)
     "microbatch",
     "chunk",  # local chunk index v on this stage (global chunk = v·p + s)
     "residual_slot",  # F: where its residuals go; B: where they are read
@@ -89,6 +94,11 @@ class Schedule:
     def chunks(self) -> int:
         return self.stages * self.virtual_stages
 
+    def branch_counts(self, stage: int) -> list[int]:
+        """How many ticks stage ``stage`` runs each of :data:`BRANCHES`."""
+        column = self.table[:, stage, COL["branch"]]
+        return [int((column == i).sum()) for i in range(len(BRANCHES))]
+
     def busy_ticks(self, stage: int) -> int:
         return sum(1 for row in self.timeline if row[stage] is not None)
 
@@ -103,7 +113,7 @@ class Schedule:
         return (p - 1) / (v * m + p - 1)
 
     def render(self) -> str:
-        """The timeline as text: one row per stage, ``F3``/``B3`` (``F3.1``: chunk 1), ``.`` idle."""
+        """The timeline as text, a row per stage: ``F3``/``B3`` (``F3.1``: chunk 1), ``.`` idle."""
         width = 4 if self.virtual_stages == 1 else 6
         lines = []
         for s in range(self.stages):
@@ -173,6 +183,10 @@ def _interleaved_order(s: int, p: int, m: int, v: int) -> list[Op]:
 def build(name: str, stages: int, microbatches: int, virtual_stages: int = 1) -> Schedule:
     """Order, time and allocate the schedule ``name`` for ``stages × microbatches``."""
     p, m, v = stages, microbatches, virtual_stages
+    if p < 2:
+        raise ValueError(f"a pipeline needs at least 2 stages, got {p}")
+    if m < 1:
+        raise ValueError(f"a pipeline needs at least one microbatch, got {m}")
     if name != "interleaved" and v != 1:
         raise ValueError(f"--virtual-stages {v} needs --pipeline interleaved")
     orders = stage_orders(name, p, m, v)
@@ -215,6 +229,14 @@ def _simulate(orders: list[list[Op]], p: int, m: int, v: int) -> list[list[Op | 
     return timeline
 
 
+def _branch(op: Op, last: int) -> int:
+    if op.kind == FORWARD:
+        if op.chunk == 0:
+            return BRANCH["forward_embed"]
+        return BRANCH["forward_head"] if op.chunk == last else BRANCH["forward"]
+    return BRANCH["backward_embed"] if op.chunk == 0 else BRANCH["backward"]
+
+
 class _Slots:
     """First-free slot allocator."""
 
@@ -241,6 +263,7 @@ def _allocate(
     n_ticks = len(timeline)
     table = np.full((n_ticks, p, len(COLUMNS)), -1, dtype=np.int32)
     table[:, :, COL["op"]] = IDLE
+    table[:, :, COL["branch"]] = BRANCH["idle"]
     table[:, :, COL["microbatch"]] = 0
     table[:, :, COL["chunk"]] = 0
     res = [_Slots() for _ in range(p)]
@@ -256,6 +279,7 @@ def _allocate(
                 continue
             cell = table[t, s]
             cell[COL["op"]] = op.kind
+            cell[COL["branch"]] = _branch(op, last)
             cell[COL["microbatch"]] = op.microbatch
             cell[COL["chunk"]] = op.chunk // p
             key = (op.microbatch, op.chunk)
