@@ -245,3 +245,93 @@ def analyze(hlo_text: str) -> Report:
 def bytes_moved(hlo_text: str) -> float:
     """Total bytes received per device by every collective of one program run."""
     return analyze(hlo_text).total_bytes
+
+
+# ---- matmul FLOPs -------------------------------------------------------------------------------
+_INSTR = re.compile(r"^\s*(?:ROOT\s+)?%?(?P<name>[\w.\-]+)\s*=\s*(?P<type>\S+?\[[0-9,]*\])")
+_PARAM = re.compile(r"^\s*%?(?P<name>[\w.\-]+)\s*=\s*(?P<type>\S+?\[[0-9,]*\])\S*\s+parameter\(")
+_DOT = re.compile(r"\bdot\(%?(?P<lhs>[\w.\-]+),\s*%?(?P<rhs>[\w.\-]+)\)")
+_LHS_CONTRACT = re.compile(r"lhs_contracting_dims=\{([0-9,]*)\}")
+
+
+def _dims(type_text: str) -> list[int]:
+    m = _ARRAY.search(type_text)
+    if not m or not m.group(2):
+        return []
+    return [int(d) for d in m.group(2).split(",")]
+
+
+def matmul_flops(hlo_text: str, branch_counts: dict[int, list[int]] | None = None) -> float:
+    """FLOPs of every ``dot`` a device executes in one run of a compiled module (2 per
+    multiply-add), following fusions and calls, multiplying ``while`` bodies by their trip count.
+
+    XLA's own ``cost_analysis()`` counts a loop body once and a conditional as its most costly
+    branch. Here a conditional with ``n`` branches, where ``branch_counts[n]`` is given, runs
+    branch ``i`` exactly ``branch_counts[n][i]`` times per program run (the pipeline's tick
+    switch: the counts come from the tick table); other conditionals count their costliest
+    branch, as XLA does.
+    """
+    comps, entry = _split_computations(hlo_text)
+    if entry is None:
+        return 0.0
+    shapes: dict[str, dict[str, list[int]]] = {}
+    for name, lines in comps.items():
+        table: dict[str, list[int]] = {}
+        for line in lines:
+            m = _INSTR.match(line) or _PARAM.match(line)
+            if m:
+                table[m.group("name")] = _dims(m.group("type"))
+        shapes[name] = table
+    cache: dict[str, float] = {}
+
+    def cost(name: str, stack: tuple[str, ...]) -> float:
+        if name in cache:
+            return cache[name]
+        if name in stack or name not in comps:
+            return 0.0
+        total = 0.0
+        for line in comps[name]:
+            dot = _DOT.search(line)
+            inst = _INSTR.match(line)
+            if dot and inst:
+                out = _dims(inst.group("type"))
+                lhs = shapes[name].get(dot.group("lhs"), [])
+                contract = _LHS_CONTRACT.search(line)
+                k = 1
+                if contract and contract.group(1):
+                    for d in contract.group(1).split(","):
+                        k *= lhs[int(d)] if int(d) < len(lhs) else 1
+                n_out = 1
+                for d in out:
+                    n_out *= d
+                total += 2.0 * n_out * k
+            if "-done(" in line:
+                continue
+            branches = []
+            for group in _BRANCHES.findall(line):
+                branches += [c.strip().lstrip("%") for c in group.split(",") if c.strip()]
+            if branches:
+                costs = [cost(b, (*stack, name)) for b in branches]
+                counts = (branch_counts or {}).get(len(branches))
+                total += (
+                    sum(c * n for c, n in zip(costs, counts, strict=True))
+                    if counts is not None
+                    else max(costs)
+                )
+                continue
+            called = _CALLS.findall(line)
+            inner = 1.0
+            if " while(" in line:
+                trip = _TRIP.search(line)
+                inner = float(trip.group(1)) if trip else 1.0
+                called = [c for c in called if c != _condition_of(line)]
+            total += inner * sum(cost(c, (*stack, name)) for c in called)
+        cache[name] = total
+        return total
+
+    return cost(entry, ())
+
+
+def _condition_of(line: str) -> str | None:
+    m = re.search(r"\bcondition=%?([\w.\-]+)", line)
+    return m.group(1) if m else None

@@ -1,0 +1,259 @@
+"""Pipeline parallelism: tick tables (bubble, memory, order), one step's gradients against the
+unpipelined step, loss curves against data parallelism, composition with every mode, bad input."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import jax
+import numpy as np
+import pytest
+from flax import nnx
+
+from colossal_jax.cli import main
+from colossal_jax.config import OptimConfig, ParallelConfig, TrainConfig
+from colossal_jax.layers import use_parallelism
+from colossal_jax.pipeline.schedule import BACKWARD, FORWARD, build
+from colossal_jax.pipeline.step import pipelined_value_and_grad
+from tests.helpers import losses
+
+ROOT = Path(__file__).resolve().parent.parent
+MODEL = {"n_layer": 8, "n_embd": 64, "n_head": 8, "block_size": 64}
+GRID = [
+    (name, p, m, v)
+    for p in (2, 4)
+    for m in (4, 8)
+    for name, v in (("gpipe", 1), ("1f1b", 1), ("interleaved", 2))
+]
+
+
+# ---- tick tables -------------------------------------------------------------------------------
+@pytest.mark.parametrize("name,p,m,v", GRID + [("interleaved", 2, 8, 4), ("1f1b", 4, 16, 1)])
+def test_idle_fraction_of_the_table_is_the_formula(name, p, m, v):
+    sched = build(name, p, m, v)
+    assert sched.idle_fraction() == pytest.approx((p - 1) / (v * m + p - 1), abs=1e-12)
+    assert sched.ticks == 2 * (v * m + p - 1)
+
+
+@pytest.mark.parametrize("p,m", [(2, 4), (4, 8), (4, 4), (8, 16)])
+def test_1f1b_keeps_at_most_p_minus_stage_microbatches_alive(p, m):
+    assert build("1f1b", p, m).peak_alive == [p - s for s in range(p)]
+    assert build("gpipe", p, m).peak_alive == [m] * p
+
+
+@pytest.mark.parametrize("name,p,m,v", GRID)
+def test_every_operation_runs_once_after_its_inputs(name, p, m, v):
+    sched = build(name, p, m, v)
+    when = {}
+    for t, row in enumerate(sched.timeline):
+        for s, op in enumerate(row):
+            if op is not None:
+                assert op.chunk % p == s, "chunk c runs on stage c mod p"
+                key = (op.kind, op.microbatch, op.chunk)
+                assert key not in when
+                when[key] = t
+    last = p * v - 1
+    for mb in range(m):
+        for c in range(p * v):
+            assert (FORWARD, mb, c) in when and (BACKWARD, mb, c) in when
+            if c > 0:
+                assert when[(FORWARD, mb, c - 1)] < when[(FORWARD, mb, c)]
+            after = (FORWARD, mb, c) if c == last else (BACKWARD, mb, c + 1)
+            assert when[after] < when[(BACKWARD, mb, c)]
+
+
+# ---- numerics ---------------------------------------------------------------------------------
+def _cfg(steps: int = 10, batch_size: int = 32, **parallel) -> TrainConfig:
+    par = ParallelConfig(**parallel)
+    return TrainConfig(
+        model="gpt2-tiny",
+        model_overrides=dict(MODEL),
+        steps=steps,
+        batch_size=batch_size,
+        seq_len=32,
+        devices=8,
+        optim=OptimConfig(lr=3e-3, warmup_steps=3),
+        parallel=par,
+    )
+
+
+@pytest.fixture(scope="module")
+def data_parallel_losses():
+    return losses(_cfg(data=8))
+
+
+@pytest.mark.parametrize(
+    "parallel",
+    [
+        dict(pipe=2, data=4, pipeline="1f1b", microbatches=4),
+        dict(pipe=4, data=2, pipeline="gpipe", microbatches=8),
+        dict(
+            pipe=2,
+            data=2,
+            tensor_row=2,
+            tensor_mode="1d",
+            pipeline="interleaved",
+            microbatches=4,
+            virtual_stages=2,
+        ),
+    ],
+    ids=["1f1b-p2", "gpipe-p4", "interleaved-1d"],
+)
+def test_one_step_gradients_equal_the_unpipelined_ones(parallel):
+    from colossal_jax.train import build as build_run
+    from colossal_jax.train import global_batch, init_state
+
+    run = build_run(_cfg(**parallel))
+    params, _ = init_state(run)
+    batch = global_batch(run, 0)
+
+    def plain(params, b):
+        with use_parallelism(run.layout, run.local_attention):
+            model = nnx.merge(run.graphdef, params)
+            return model.loss(b["tokens"], b["positions"], b["targets"], b["weights"])
+
+    want_loss, want = jax.jit(jax.value_and_grad(plain))(params, batch)
+    pipelined = pipelined_value_and_grad(
+        run.graphdef, run.schedule, run.layout, run.local_attention, n_layer=run.model.n_layer
+    )
+    got_loss, got = jax.jit(pipelined)(params, batch)
+    np.testing.assert_allclose(got_loss, want_loss, rtol=1e-6)
+    for g, w in zip(jax.tree.leaves(got), jax.tree.leaves(want), strict=True):
+        np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-7)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name,p,m,v", GRID, ids=[f"{n}-p{p}-m{m}" for n, p, m, _ in GRID])
+def test_every_schedule_gives_the_data_parallel_loss_curve(name, p, m, v, data_parallel_losses):
+    got = losses(_cfg(pipe=p, data=8 // p, pipeline=name, microbatches=m, virtual_stages=v))
+    np.testing.assert_allclose(got, data_parallel_losses, rtol=1e-4)
+
+
+COMPOSED = {
+    "1d": dict(pipe=2, data=2, tensor_row=2, tensor_mode="1d"),
+    "2d": dict(pipe=2, tensor_row=2, tensor_col=2, tensor_mode="2d"),
+    "ring": dict(pipe=2, seq=2, data=2, seq_mode="ring"),
+    "ulysses": dict(pipe=2, seq=2, data=2, seq_mode="ulysses"),
+    "zero1": dict(pipe=2, data=4, zero=1),
+    "interleaved-1d": dict(
+        pipe=2, data=2, tensor_row=2, tensor_mode="1d", pipeline="interleaved", virtual_stages=2
+    ),
+}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", list(COMPOSED))
+def test_modes_compose_inside_a_stage(name, data_parallel_losses):
+    parallel = dict(COMPOSED[name])
+    parallel.setdefault("pipeline", "1f1b")
+    got = losses(_cfg(**parallel))
+    np.testing.assert_allclose(got, data_parallel_losses, rtol=1e-4)
+
+
+def _cli_losses(tmp_path: Path, name: str, *flags: str) -> list[float]:
+    out = tmp_path / f"{name}.jsonl"
+    argv = [
+        sys.executable,
+        str(ROOT / "scripts" / "train.py"),
+        "--steps",
+        "10",
+        "--batch-size",
+        "32",
+        "--seq-len",
+        "32",
+        "--warmup-steps",
+        "3",
+        "--no-progress",
+        "--metrics-file",
+        str(out),
+    ]
+    argv += [f"--set=model.{k}={v}" for k, v in MODEL.items()]
+    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}  # --devices sets it
+    proc = subprocess.run(argv + list(flags), capture_output=True, text=True, env=env, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    return [json.loads(line)["loss"] for line in out.read_text().splitlines()]
+
+
+@pytest.mark.slow
+def test_3d_on_sixteen_devices_composes_with_the_pipeline(tmp_path):
+    base = _cli_losses(tmp_path, "base", "--devices", "8", "--mesh", "data=8")
+    got = _cli_losses(
+        tmp_path, "p3d", "--devices", "16", "--mesh", "pipe=2,tensor=8", "--tensor-mode", "3d"
+    )
+    np.testing.assert_allclose(got, base, rtol=1e-4)
+
+
+# ---- bad input --------------------------------------------------------------------------------
+BAD = [
+    (["--mesh", "pipe=4,data=2", "--set", "model.n_layer=6"], "n_layer=6"),
+    (
+        [
+            "--mesh",
+            "pipe=2,data=4",
+            "--pipeline",
+            "interleaved",
+            "--virtual-stages",
+            "2",
+            "--set",
+            "model.n_layer=6",
+        ],
+        "virtual_stages=2",
+    ),
+    (["--mesh", "pipe=4,data=2", "--microbatches", "2"], "--microbatches 2"),
+    (
+        [
+            "--mesh",
+            "pipe=2,data=4",
+            "--pipeline",
+            "interleaved",
+            "--virtual-stages",
+            "2",
+            "--microbatches",
+            "5",
+            "--set",
+            "model.n_layer=4",
+        ],
+        "--microbatches 5",
+    ),
+    (["--mesh", "pipe=2,data=4", "--microbatches", "4", "--batch-size", "8"], "--batch-size 8"),
+    (["--mesh", "pipe=2,data=4", "--virtual-stages", "2"], "--virtual-stages 2"),
+    (["--mesh", "pipe=2,data=4", "--pipeline", "interleaved"], "--virtual-stages"),
+    (["--mesh", "data=8", "--pipeline", "1f1b"], "pipe=N"),
+    (["--mesh", "pipe=2,data=4", "--pipeline", "zigzag"], "--pipeline"),
+]
+
+
+@pytest.mark.parametrize("argv,needle", BAD, ids=[b[1] for b in BAD])
+def test_impossible_pipelines_exit_2_before_compiling(argv, needle, capsys, monkeypatch):
+    import colossal_jax.train as train_module
+
+    def no_compile(*a, **k):
+        raise AssertionError("reached the compile step")
+
+    monkeypatch.setattr(train_module, "make_train_step", no_compile)
+    assert main(["--devices", "8", "--steps", "2", *argv]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error:"), err
+    assert needle in err[0], err[0]
+
+
+def test_stacked_parameters_split_their_layer_axis_over_pipe():
+    from colossal_jax.train import build as build_run
+
+    run = build_run(_cfg(pipe=2, data=4, pipeline="1f1b"))
+    specs = {
+        "/".join(map(str, path)): sh.spec
+        for path, sh in jax.tree_util.tree_flatten_with_path(run.param_shardings)[0]
+    }
+    stacked = [k for k in specs if "blocks" in k]
+    assert stacked and all(specs[k][0] == "pipe" for k in stacked)
+    assert all(specs[k] == () or specs[k][0] != "pipe" for k in specs if "blocks" not in k)
+    flat = dataclasses.replace(run.cfg, parallel=ParallelConfig(data=8))
+    flat_run = build_run(flat)
+    flat_specs = jax.tree.leaves(flat_run.param_shardings, is_leaf=lambda x: hasattr(x, "spec"))
+    assert all("pipe" not in tuple(s.spec) for s in flat_specs)
