@@ -267,9 +267,9 @@ def matmul_flops(hlo_text: str, branch_counts: dict[int, list[int]] | None = Non
 
     XLA's own ``cost_analysis()`` counts a loop body once and a conditional as its most costly
     branch. Here a conditional with ``n`` branches, where ``branch_counts[n]`` is given, runs
-    branch ``i`` exactly ``branch_counts[n][i]`` times per program run (the pipeline's tick
-    switch: the counts come from the tick table); other conditionals count their costliest
-    branch, as XLA does.
+    branch ``i`` on ``branch_counts[n][i]`` of every ``sum(branch_counts[n])`` of its runs (the
+    pipeline's tick switch inside the tick loop: the counts come from the tick table); other
+    conditionals count their costliest branch, as XLA does.
     """
     comps, entry = _split_computations(hlo_text)
     if entry is None:
@@ -313,11 +313,11 @@ def matmul_flops(hlo_text: str, branch_counts: dict[int, list[int]] | None = Non
             if branches:
                 costs = [cost(b, (*stack, name)) for b in branches]
                 counts = (branch_counts or {}).get(len(branches))
-                total += (
-                    sum(c * n for c, n in zip(costs, counts, strict=True))
-                    if counts is not None
-                    else max(costs)
-                )
+                if counts is not None:  # branch i on counts[i] of the conditional's runs
+                    runs = max(1, sum(counts))
+                    total += sum(c * n for c, n in zip(costs, counts, strict=True)) / runs
+                else:
+                    total += max(costs)
                 continue
             called = _CALLS.findall(line)
             inner = 1.0

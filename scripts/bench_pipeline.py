@@ -11,9 +11,14 @@ compiled (never run) and measured:
   switch's branches times how often the table runs them on that stage);
 - ``xla_cost_flops``: XLA's own ``cost_analysis()`` figure for comparison (it counts a loop body
   once and a conditional as its costliest branch, so it is not a per-step count);
-- ``model_flops``: the model's training FLOPs per step, ``(6·N + 12·L·s·h)·tokens``;
+- ``model_flops``: the model's training FLOPs per step, ``(6·N + 12·L·s·h)·tokens`` for the
+  global batch; one pipeline replica (of ``data``) processes ``model_flops/data`` of it, so a
+  stage's share is ``model_flops/(data·p)``;
 - ``bubble_fraction``, ``ticks``, ``busy_ticks`` from the tick table, and
-  ``bound = 1.05 · model_flops/p · ticks/busy_ticks`` with ``flops_per_device / bound``.
+  ``bound = 1.05 · model_flops/(data·p) · ticks/busy_ticks`` with ``flops_per_device / bound``.
+
+A reference row compiles the unpipelined step on ``data = devices`` with the same model and
+batch: its ``flops_per_device`` against ``model_flops/devices`` checks the HLO count itself.
 
 Example:
   python scripts/bench_pipeline.py --devices 8 --json pipeline.json
@@ -34,16 +39,16 @@ SCHEDULES = [("gpipe", 1), ("1f1b", 1), ("interleaved", 2)]
 MODEL = {"n_layer": 8, "n_embd": 128, "n_head": 8, "block_size": 128}
 
 
-def measure(schedule: str, p: int, m: int, v: int, devices: int, batch: int, seq: int) -> dict:
-    import jax
-
-    from colossal_jax.checkpoint import abstract_like
+def _config(p: int, schedule: str, m: int, v: int, devices: int, batch: int, seq: int):
     from colossal_jax.config import OptimConfig, ParallelConfig, TrainConfig
-    from colossal_jax.hlo import matmul_flops
-    from colossal_jax.pipeline.schedule import BRANCHES
-    from colossal_jax.train import build, global_batch, make_train_step
 
-    cfg = TrainConfig(
+    if p == 1:
+        parallel = ParallelConfig(data=devices)
+    else:
+        parallel = ParallelConfig(
+            data=devices // p, pipe=p, pipeline=schedule, microbatches=m, virtual_stages=v
+        )
+    return TrainConfig(
         model="gpt2-tiny",
         model_overrides=dict(MODEL),
         steps=10,
@@ -51,15 +56,19 @@ def measure(schedule: str, p: int, m: int, v: int, devices: int, batch: int, seq
         seq_len=seq,
         devices=devices,
         optim=OptimConfig(),
-        parallel=ParallelConfig(
-            data=devices // p,
-            pipe=p,
-            pipeline=schedule,
-            microbatches=m,
-            virtual_stages=v,
-        ),
+        parallel=parallel,
     )
-    run = build(cfg)
+
+
+def measure(schedule: str, p: int, m: int, v: int, devices: int, batch: int, seq: int) -> dict:
+    import jax
+
+    from colossal_jax.checkpoint import abstract_like
+    from colossal_jax.hlo import matmul_flops
+    from colossal_jax.pipeline.schedule import BRANCHES
+    from colossal_jax.train import build, global_batch, make_train_step
+
+    run = build(_config(p, schedule, m, v, devices, batch, seq))
     abstract_params = abstract_like(run.abstract_params, run.param_shardings)
     opt_shapes = jax.eval_shape(run.tx.init, run.abstract_params)
     abstract_opt = abstract_like(opt_shapes, run.opt_shardings)
@@ -68,23 +77,39 @@ def measure(schedule: str, p: int, m: int, v: int, devices: int, batch: int, seq
     )
     text = compiled.as_text()
     sched = run.schedule
-    per_stage = [matmul_flops(text, {len(BRANCHES): sched.branch_counts(s)}) for s in range(p)]
-    busiest = max(range(p), key=lambda s: per_stage[s])
+    data = run.cfg.parallel.data
+    model_flops = run.model.flops_per_token(seq) * batch * seq
     cost = compiled.cost_analysis()
     cost = cost[0] if isinstance(cost, list) else cost
-    model_flops = run.model.flops_per_token(seq) * batch * seq
-    busy = sched.busy_ticks(busiest)
-    bound = 1.05 * model_flops / p * sched.ticks / busy
-    return {
+    record = {
         "schedule": schedule,
         "stages": p,
+        "data": data,
         "microbatches": m,
         "virtual_stages": v,
         "temp_bytes": int(compiled.memory_analysis().temp_size_in_bytes),
-        "flops_per_device": per_stage[busiest],
-        "flops_per_stage": per_stage,
         "xla_cost_flops": float(cost.get("flops", 0.0)),
         "model_flops": model_flops,
+    }
+    if sched is None:
+        flops = matmul_flops(text)
+        return record | {
+            "flops_per_device": flops,
+            "flops_per_stage": [flops],
+            "bubble_fraction": 0.0,
+            "ticks": 1,
+            "busy_ticks": 1,
+            "bound": 1.05 * model_flops / data,
+            "flops_over_bound": flops / (1.05 * model_flops / data),
+            "residual_slots": 0,
+        }
+    per_stage = [matmul_flops(text, {len(BRANCHES): sched.branch_counts(s)}) for s in range(p)]
+    busiest = max(range(p), key=lambda s: per_stage[s])
+    busy = sched.busy_ticks(busiest)
+    bound = 1.05 * model_flops / (data * p) * sched.ticks / busy
+    return record | {
+        "flops_per_device": per_stage[busiest],
+        "flops_per_stage": per_stage,
         "bubble_fraction": sched.idle_fraction(),
         "ticks": sched.ticks,
         "busy_ticks": busy,
@@ -110,19 +135,20 @@ def main() -> int:
     records = []
     header = (
         f"{'schedule':12s} {'p':>2s} {'M':>2s} {'V':>2s} {'temp MiB':>9s} {'GFLOP/dev':>10s} "
-        f"{'model/p':>8s} {'bound':>8s} {'/bound':>7s} {'bubble':>7s}"
+        f"{'share':>8s} {'bound':>8s} {'/bound':>7s} {'bubble':>7s}"
     )
     print(header)
-    for p, m in CASES:
-        for name, v in SCHEDULES:
-            r = measure(name, p, m, v, args.devices, args.batch_size, args.seq_len)
-            records.append(r)
-            print(
-                f"{name:12s} {p:2d} {m:2d} {v:2d} {r['temp_bytes'] / 2**20:9.2f} "
-                f"{r['flops_per_device'] / 1e9:10.3f} {r['model_flops'] / p / 1e9:8.3f} "
-                f"{r['bound'] / 1e9:8.3f} {r['flops_over_bound']:7.3f} "
-                f"{r['bubble_fraction']:7.4f}"
-            )
+    cases = [("none", 1, 1, 1)] + [(n, p, m, v) for p, m in CASES for n, v in SCHEDULES]
+    for name, p, m, v in cases:
+        r = measure(name, p, m, v, args.devices, args.batch_size, args.seq_len)
+        records.append(r)
+        share = r["model_flops"] / (r["data"] * p)
+        print(
+            f"{name:12s} {p:2d} {m:2d} {v:2d} {r['temp_bytes'] / 2**20:9.2f} "
+            f"{r['flops_per_device'] / 1e9:10.3f} {share / 1e9:8.3f} "
+            f"{r['bound'] / 1e9:8.3f} {r['flops_over_bound']:7.3f} "
+            f"{r['bubble_fraction']:7.4f}"
+        )
     for p, m in CASES:
         by = {r["schedule"]: r for r in records if r["stages"] == p}
         ratio = by["1f1b"]["temp_bytes"] / by["gpipe"]["temp_bytes"]
