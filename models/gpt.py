@@ -58,8 +58,8 @@ class GPTConfig:
         return self.n_layer * (4 * h * h + 2 * h * w) + h * self.vocab_size
 
     def flops_per_token(self, seq_len: int) -> float:
-        """Training FLOPs per token: ``6·N + 12·L·s·h`` (docs/formulas.md), counting the full attention
-        score matrix (no causal halving, since the kernels compute masked blocks too)."""
+        """Training FLOPs per token: ``6·N + 12·L·s·h`` (docs/formulas.md), counting the full
+        attention score matrix (no causal halving, since the kernels compute masked blocks too)."""
         return 6.0 * self.matmul_params() + 12.0 * self.n_layer * seq_len * self.n_embd
 
 
@@ -120,7 +120,7 @@ class GPT(nnx.Module):
     """``embed → blocks → head``: the three parts a pipeline schedule, gradient accumulation and
     remat wrap. ``blocks`` is a :class:`Stack` (stacked parameters, run by a scan)."""
 
-    def __init__(self, cfg: GPTConfig, *, rngs: nnx.Rngs, unroll: bool = False):
+    def __init__(self, cfg: GPTConfig, *, rngs: nnx.Rngs, unroll: bool | None = None):
         self.cfg = cfg
         self.wte = Embed(cfg.vocab_size, cfg.n_embd, rngs=rngs)
         self.wpe = (
