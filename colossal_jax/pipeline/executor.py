@@ -40,6 +40,7 @@ import numpy as np
 
 from colossal_jax.pipeline.schedule import BACKWARD, BRANCHES, COL, FORWARD, Schedule
 from colossal_jax.tensor.kernels import varying, varying_axes_of
+from colossal_jax.tensor.layout import per_stage_branches
 
 PIPE = "pipe"
 
@@ -100,6 +101,36 @@ def run_pipeline(
       the mean loss over the global batch (replicated), the stack gradient (this stage's
       block) and the ``rest`` gradient (summed over ``pipe``).
     """
+    with per_stage_branches():  # every kernel below is traced for per-stage branches
+        return _run_pipeline(
+            schedule,
+            chunk_fn=chunk_fn,
+            embed_fn=embed_fn,
+            head_fn=head_fn,
+            stack=stack,
+            rest=rest,
+            tokens=tokens,
+            positions=positions,
+            targets=targets,
+            weights=weights,
+            token_axes=token_axes,
+        )
+
+
+def _run_pipeline(
+    schedule: Schedule,
+    *,
+    chunk_fn: ChunkFn,
+    embed_fn: EmbedFn,
+    head_fn: HeadFn,
+    stack: Any,
+    rest: Any,
+    tokens: jax.Array,
+    positions: jax.Array,
+    targets: jax.Array,
+    weights: jax.Array,
+    token_axes: tuple[str, ...],
+) -> tuple[jax.Array, Any, Any]:
     p, v_chunks, m = schedule.stages, schedule.virtual_stages, schedule.microbatches
     stage = jax.lax.axis_index(PIPE)
     n_local = jax.tree.leaves(stack)[0].shape[0]
@@ -231,8 +262,7 @@ def run_pipeline(
         )
         return c, None
 
-    table = jnp.asarray(schedule.table)
-    carry, _ = jax.lax.scan(tick, carry, table)
+    carry, _ = jax.lax.scan(tick, carry, jnp.asarray(schedule.table))
     loss = jax.lax.psum(carry["loss"], PIPE)
     d_rest = jax.tree.map(lambda g: jax.lax.psum(g, PIPE), carry["d_rest"])
     return loss, carry["d_stack"], d_rest

@@ -33,7 +33,7 @@ import functools
 import jax
 import jax.numpy as jnp
 
-from colossal_jax.tensor.layout import in_manual_region
+from colossal_jax.tensor.layout import in_per_stage_branches
 
 
 def ring_attention(
@@ -63,14 +63,14 @@ def ring_attention(
 def ring_shift(x, axis_name: str, p: int):
     """Send every block one hop along the ring: device j -> j + 1 (mod p).
 
-    A ``ppermute`` (``x`` bytes per device), except inside a pipeline stage's branch (an
-    all-manual region, :func:`colossal_jax.tensor.layout.in_manual_region`): XLA's CPU runtime
+    A ``ppermute`` (``x`` bytes per device), except inside a pipeline stage's branch
+    (:func:`colossal_jax.tensor.layout.in_per_stage_branches`): XLA's CPU runtime
     makes a collective-permute wait for *every* device of the program, so one inside a per-stage
     branch would wait for stages running another branch. There the hop is an all-to-all whose
     only non-empty block goes to the next device: the same bytes at ``p = 2``, ``p − 1`` times
     the ring's at larger ``p``.
     """
-    if in_manual_region():
+    if in_per_stage_branches():
         return jax.tree.map(lambda a: _shift_by_all_to_all(a, axis_name, p), x)
     return jax.lax.ppermute(x, axis_name, perm=[(j, (j + 1) % p) for j in range(p)])
 

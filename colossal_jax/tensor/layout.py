@@ -25,7 +25,9 @@ Kernel modules import nothing from the rest of the package.
 from __future__ import annotations
 
 import abc
-from collections.abc import Callable
+import contextlib
+import contextvars
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Literal
 
@@ -59,6 +61,26 @@ class ActivationAxes:
 
     batch: AxisNames = ("data",)
     seq: str | None = "seq"
+
+
+_PER_STAGE_BRANCHES: contextvars.ContextVar[bool] = contextvars.ContextVar(
+    "colossal_jax_per_stage_branches", default=False
+)
+
+
+@contextlib.contextmanager
+def per_stage_branches() -> Iterator[None]:
+    """Mark code traced inside as running in per-stage branches (the pipeline executor's
+    ``lax.switch``): different devices of the program run different branches there."""
+    token = _PER_STAGE_BRANCHES.set(True)
+    try:
+        yield
+    finally:
+        _PER_STAGE_BRANCHES.reset(token)
+
+
+def in_per_stage_branches() -> bool:
+    return _PER_STAGE_BRANCHES.get()
 
 
 def in_manual_region() -> bool:
