@@ -22,3 +22,17 @@ def test_resume_onto_another_mesh(tmp_path):
     resumed = _quiet(dataclasses.replace(tiny_config(steps=8, devices=4, data=4, zero=1), **ckpt))
     assert resumed.start_step == 4
     np.testing.assert_allclose(resumed.losses, full[4:], rtol=1e-5)
+
+
+def test_a_data_parallel_checkpoint_resumes_in_a_pipeline(tmp_path):
+    """The stacked parameters have the same shapes with or without ``pipe``: a checkpoint of
+    ``data=8`` restores onto ``pipe=2,data=4`` (1F1B) and continues the same losses."""
+    base = dict(steps=8, devices=8, batch_size=16)
+    full = losses(tiny_config(**base, data=8))
+    ckpt = {"checkpoint_dir": str(tmp_path), "checkpoint_every": 4}
+    _quiet(dataclasses.replace(tiny_config(**base, data=8), **ckpt))
+    shutil.rmtree(tmp_path / "8")
+    piped = tiny_config(**base, data=4, pipe=2, pipeline="1f1b", microbatches=4)
+    resumed = _quiet(dataclasses.replace(piped, **ckpt))
+    assert resumed.start_step == 4
+    np.testing.assert_allclose(resumed.losses, full[4:], rtol=1e-5)
