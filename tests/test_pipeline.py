@@ -189,42 +189,23 @@ def test_3d_on_sixteen_devices_composes_with_the_pipeline(tmp_path):
 
 
 # ---- bad input --------------------------------------------------------------------------------
-BAD = [
-    (["--mesh", "pipe=4,data=2", "--set", "model.n_layer=6"], "n_layer=6"),
+BAD = [  # (command line, what the one error line must name)
+    ("--mesh pipe=4,data=2 --set model.n_layer=6", "n_layer=6"),
     (
-        [
-            "--mesh",
-            "pipe=2,data=4",
-            "--pipeline",
-            "interleaved",
-            "--virtual-stages",
-            "2",
-            "--set",
-            "model.n_layer=6",
-        ],
+        "--mesh pipe=2,data=4 --pipeline interleaved --virtual-stages 2 --set model.n_layer=6",
         "virtual_stages=2",
     ),
-    (["--mesh", "pipe=4,data=2", "--microbatches", "2"], "--microbatches 2"),
+    ("--mesh pipe=4,data=2 --microbatches 2", "--microbatches 2"),
     (
-        [
-            "--mesh",
-            "pipe=2,data=4",
-            "--pipeline",
-            "interleaved",
-            "--virtual-stages",
-            "2",
-            "--microbatches",
-            "5",
-            "--set",
-            "model.n_layer=4",
-        ],
+        "--mesh pipe=2,data=4 --pipeline interleaved --virtual-stages 2 --microbatches 5 "
+        "--set model.n_layer=4",
         "--microbatches 5",
     ),
-    (["--mesh", "pipe=2,data=4", "--microbatches", "4", "--batch-size", "8"], "--batch-size 8"),
-    (["--mesh", "pipe=2,data=4", "--virtual-stages", "2"], "--virtual-stages 2"),
-    (["--mesh", "pipe=2,data=4", "--pipeline", "interleaved"], "--virtual-stages"),
-    (["--mesh", "data=8", "--pipeline", "1f1b"], "pipe=N"),
-    (["--mesh", "pipe=2,data=4", "--pipeline", "zigzag"], "--pipeline"),
+    ("--mesh pipe=2,data=4 --microbatches 4 --batch-size 8", "--batch-size 8"),
+    ("--mesh pipe=2,data=4 --virtual-stages 2", "--virtual-stages 2"),
+    ("--mesh pipe=2,data=4 --pipeline interleaved", "--virtual-stages"),
+    ("--mesh data=8 --pipeline 1f1b", "pipe=N"),
+    ("--mesh pipe=2,data=4 --pipeline zigzag", "--pipeline"),
 ]
 
 
@@ -236,7 +217,7 @@ def test_impossible_pipelines_exit_2_before_compiling(argv, needle, capsys, monk
         raise AssertionError("reached the compile step")
 
     monkeypatch.setattr(train_module, "make_train_step", no_compile)
-    assert main(["--devices", "8", "--steps", "2", *argv]) == 2
+    assert main(["--devices", "8", "--steps", "2", *argv.split()]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("error:"), err
     assert needle in err[0], err[0]

@@ -72,6 +72,18 @@ def _write_if(buf: jax.Array, slot: jax.Array, value: jax.Array) -> jax.Array:
     return _write(buf, slot, jnp.where(slot >= 0, value, keep))
 
 
+def _in_stage_branches(fn: Callable) -> Callable:
+    """Trace ``fn`` with every kernel told it runs inside per-stage branches."""
+
+    @functools.wraps(fn)
+    def wrapped(*args, **kwargs):
+        with per_stage_branches():
+            return fn(*args, **kwargs)
+
+    return wrapped
+
+
+@_in_stage_branches
 def run_pipeline(
     schedule: Schedule,
     *,
@@ -101,36 +113,6 @@ def run_pipeline(
       the mean loss over the global batch (replicated), the stack gradient (this stage's
       block) and the ``rest`` gradient (summed over ``pipe``).
     """
-    with per_stage_branches():  # every kernel below is traced for per-stage branches
-        return _run_pipeline(
-            schedule,
-            chunk_fn=chunk_fn,
-            embed_fn=embed_fn,
-            head_fn=head_fn,
-            stack=stack,
-            rest=rest,
-            tokens=tokens,
-            positions=positions,
-            targets=targets,
-            weights=weights,
-            token_axes=token_axes,
-        )
-
-
-def _run_pipeline(
-    schedule: Schedule,
-    *,
-    chunk_fn: ChunkFn,
-    embed_fn: EmbedFn,
-    head_fn: HeadFn,
-    stack: Any,
-    rest: Any,
-    tokens: jax.Array,
-    positions: jax.Array,
-    targets: jax.Array,
-    weights: jax.Array,
-    token_axes: tuple[str, ...],
-) -> tuple[jax.Array, Any, Any]:
     p, v_chunks, m = schedule.stages, schedule.virtual_stages, schedule.microbatches
     stage = jax.lax.axis_index(PIPE)
     n_local = jax.tree.leaves(stack)[0].shape[0]
