@@ -43,6 +43,7 @@ EXAMPLES = {  # a valid value for each flag whose default does not show one
     "--seq-mode": "ring",
     "--zero": "1",
     "--metrics-file": "/tmp/metrics.jsonl",
+    "--peak-tflops": "989",
     "--tensorboard-dir": "/tmp/tb",
     "--checkpoint-dir": "/tmp/ckpt",
     "--set": "model.n_layer=2",
@@ -170,6 +171,19 @@ def build_parser() -> argparse.ArgumentParser:
         help="block attention kernel: auto (cuDNN flash attention on a GPU in bf16), xla, cudnn",
     )
     a("--data", default=d.data, help="stdlib (embedded), synthetic, a text file or a .npy file")
+    a(
+        "--eval-every",
+        type=_int,
+        default=d.eval_every,
+        help="held-out loss (the corpus's last 5%%) before step 1, every N steps and at the end; "
+        "0: off",
+    )
+    a(
+        "--peak-tflops",
+        type=_float,
+        default=None,
+        help="peak dense bf16 TFLOP/s per device, for MFU on a device the built-in table lacks",
+    )
     a("--metrics-file", default=None, help="JSON lines, one record per step")
     a("--tensorboard-dir", default=None, help="write TensorBoard event files here")
     a("--checkpoint-dir", default=None, help="save here; re-run the same command to resume")
@@ -356,6 +370,8 @@ def config_from_args(args, n_devices: int) -> TrainConfig:
         checkpoint_every=args.checkpoint_every,
         metrics_file=args.metrics_file,
         tensorboard_dir=args.tensorboard_dir,
+        eval_every=args.eval_every,
+        peak_tflops=args.peak_tflops,
         optim=optim,
         parallel=parallel,
     )

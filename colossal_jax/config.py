@@ -476,6 +476,11 @@ class TrainConfig:
       attention: ``auto | xla | cudnn`` block attention kernel (``auto``: cuDNN flash attention
         on a GPU in bf16, the XLA reference otherwise). It applies with no sequence split and to
         Ulysses; ring kernels always use their own blockwise XLA computation.
+      eval_every: evaluate on the held-out split (the corpus's last 5%) before the first step,
+        every N steps and at the end; 0 disables evaluation.
+      eval_batches: held-out batches (of ``batch_size`` sequences) each evaluation averages.
+      peak_tflops: peak dense bf16 TFLOP/s per device for MFU where the built-in table lacks the
+        device (``None``: the table's figure, or MFU not reported).
     """
 
     model: str = "gpt2-tiny"
@@ -493,6 +498,9 @@ class TrainConfig:
     log_every: int = 1
     devices: int | None = None
     attention: str = "auto"
+    eval_every: int = 50
+    eval_batches: int = 4
+    peak_tflops: float | None = None
     optim: OptimConfig = field(default_factory=OptimConfig)
     parallel: ParallelConfig = field(default_factory=ParallelConfig)
 
@@ -547,6 +555,22 @@ class TrainConfig:
         if self.log_every < 1:
             raise ConfigError(
                 f"--set log_every={self.log_every} must be at least 1 (e.g. --set log_every=10)"
+            )
+        if self.eval_every < 0:
+            raise ConfigError(
+                f"--eval-every {self.eval_every} must be 0 (off) or more (e.g. --eval-every 50)"
+            )
+        if self.eval_batches < 1:
+            raise ConfigError(
+                f"--set eval_batches={self.eval_batches} must be at least 1 (e.g. "
+                "--set eval_batches=4)"
+            )
+        if self.peak_tflops is not None and not (
+            math.isfinite(self.peak_tflops) and self.peak_tflops > 0
+        ):
+            raise ConfigError(
+                f"--peak-tflops {self.peak_tflops} must be a positive number of dense bf16 "
+                "TFLOP/s per device (e.g. --peak-tflops 989 for an H100)"
             )
         par = self.parallel
         if par.seq_mode != "none" and par.seq == 1:

@@ -8,6 +8,7 @@ would; the checkpointed data position is the step itself.
 
 from __future__ import annotations
 
+import math
 import sysconfig
 from dataclasses import dataclass
 from pathlib import Path
@@ -203,3 +204,36 @@ class Batches:
         if self.layout_order is not None:
             out = {k: np.ascontiguousarray(v[:, self.layout_order]) for k, v in out.items()}
         return out
+
+
+EVAL_FRACTION = 0.05
+"""The share of every token corpus held out for evaluation (its last tokens)."""
+EVAL_MIN_SEQUENCES = 4
+"""At least this many whole sequences are held out, when the corpus is long enough."""
+
+
+def split_corpus(
+    corpus: Corpus,
+    seq_len: int,
+    *,
+    fraction: float = EVAL_FRACTION,
+    min_sequences: int = EVAL_MIN_SEQUENCES,
+) -> tuple[Corpus, Corpus | None]:
+    """``(train, held_out)``: the last ``fraction`` of the tokens (at least ``min_sequences``
+    sequences of ``seq_len + 1`` tokens) are held out and never appear in a training batch.
+
+    The training part keeps at least ``seq_len + 2`` tokens; where the corpus is too short for
+    both, or has no tokens (``synthetic``), ``held_out`` is None and the whole corpus trains.
+    The vocabulary size of both parts is that of the whole corpus.
+    """
+    toks = corpus.tokens
+    if toks is None:
+        return corpus, None
+    n = len(toks)
+    held = max(math.ceil(fraction * n), min_sequences * (seq_len + 1))
+    held = min(held, n - (seq_len + 2))
+    if held < seq_len + 1:
+        return corpus, None
+    boundary = n - held
+    train = Corpus(corpus.name, toks[:boundary], corpus.vocab_size)
+    return train, Corpus(f"{corpus.name} (held out)", toks[boundary:], corpus.vocab_size)

@@ -9,10 +9,13 @@ batches assembled from per-process data → jitted step → metrics → async ch
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import math
+import sys
 import time
+import types
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import jax
@@ -24,7 +27,8 @@ from jax.sharding import NamedSharding
 
 from colossal_jax.checkpoint import Checkpointer, abstract_like
 from colossal_jax.config import ConfigError, TrainConfig
-from colossal_jax.data import Batches, load_corpus
+from colossal_jax.data import Batches, load_corpus, split_corpus
+from colossal_jax.devices import devices_hint
 from colossal_jax.layers import use_parallelism
 from colossal_jax.mesh import build_mesh
 from colossal_jax.metrics import MetricsWriter, device_memory, peak_flops
@@ -148,6 +152,7 @@ class Run:
     tx: optax.GradientTransformation
     batches: Batches
     schedule: Any = None
+    eval_batches: Batches | None = None
 
 
 def build(cfg: TrainConfig) -> Run:
@@ -156,9 +161,16 @@ def build(cfg: TrainConfig) -> Run:
     corpus = load_corpus(cfg.data)
     model = resolve_model(cfg, corpus.vocab_size)
     devices = jax.devices()
+    wanted = cfg.devices if cfg.devices is not None else cfg.parallel.size
+    if wanted > len(devices):
+        what = (
+            f"--devices {cfg.devices}"
+            if cfg.devices is not None
+            else (f"the mesh {cfg.parallel.short()} needs {wanted} devices")
+        )
+        hint = f"; {devices_hint(wanted, len(devices))}" if devices[0].platform == "cpu" else ""
+        raise ConfigError(f"{what} but only {len(devices)} are available{hint}")
     if cfg.devices is not None:
-        if cfg.devices > len(devices):
-            raise ConfigError(f"--devices {cfg.devices} but only {len(devices)} are available")
         devices = devices[: cfg.devices]
     mesh = build_mesh(cfg.parallel, devices)
     layout = make_layout(cfg.parallel, mesh)
@@ -187,7 +199,13 @@ def build(cfg: TrainConfig) -> Run:
         from colossal_jax.sequence.zigzag import zigzag_permutation
 
         order = zigzag_permutation(cfg.seq_len, cfg.parallel.seq)
-    batches = Batches(corpus, cfg.batch_size, cfg.seq_len, cfg.seed, model.vocab_size, order)
+    train_corpus, held_out = split_corpus(corpus, cfg.seq_len)
+    batches = Batches(train_corpus, cfg.batch_size, cfg.seq_len, cfg.seed, model.vocab_size, order)
+    eval_batches = None
+    if held_out is not None:
+        eval_batches = Batches(
+            held_out, cfg.batch_size, cfg.seq_len, cfg.seed, model.vocab_size, order
+        )
     return Run(
         cfg=cfg,
         model=model,
@@ -202,6 +220,7 @@ def build(cfg: TrainConfig) -> Run:
         tx=tx,
         batches=batches,
         schedule=schedule,
+        eval_batches=eval_batches,
     )
 
 
@@ -215,6 +234,99 @@ def init_state(run: Run) -> tuple[Any, Any]:
 
     init = jax.jit(init, out_shardings=(run.param_shardings, run.opt_shardings))
     return init()
+
+
+def make_eval_step(run: Run) -> Callable:
+    """The jitted forward ``(params, batch) -> mean loss``, in the training step's shardings.
+
+    A pipelined run evaluates through the same pipelined function as training and drops the
+    gradients (its stacked parameters stay split over ``pipe``)."""
+    compute_dtype = jnp.bfloat16 if run.cfg.precision == "bf16" else jnp.float32
+    if run.schedule is not None:
+        from colossal_jax.pipeline.step import pipelined_value_and_grad
+
+        value_and_grad = pipelined_value_and_grad(
+            run.graphdef,
+            run.schedule,
+            run.layout,
+            run.local_attention,
+            n_layer=run.model.n_layer,
+            compute_dtype=compute_dtype,
+        )
+
+        def loss_fn(params, batch):
+            return value_and_grad(params, batch)[0]
+
+    else:
+
+        def loss_fn(params, batch):
+            if compute_dtype != jnp.float32:
+                params = jax.tree.map(lambda p: p.astype(compute_dtype), params)
+            with use_parallelism(run.layout, run.local_attention):
+                model = nnx.merge(run.graphdef, params)
+                return model.loss(
+                    batch["tokens"], batch["positions"], batch["targets"], batch["weights"]
+                )
+
+    batch_shardings = {k: run.batch_sharding for k in ("tokens", "targets", "positions", "weights")}
+    return jax.jit(loss_fn, in_shardings=(run.param_shardings, batch_shardings))
+
+
+def eval_data(run: Run) -> list[dict[str, jax.Array]]:
+    """The fixed held-out batches of every evaluation (empty without a held-out split)."""
+    if run.eval_batches is None:
+        return []
+    out = []
+    for i in range(run.cfg.eval_batches):
+        host = run.eval_batches.batch(i)
+        out.append(
+            {
+                k: jax.make_array_from_callback(
+                    v.shape, run.batch_sharding, lambda idx, v=v: v[idx]
+                )
+                for k, v in host.items()
+            }
+        )
+    return out
+
+
+def evaluate(
+    run: Run,
+    params: Any,
+    *,
+    step_fn: Callable | None = None,
+    data: list[dict[str, jax.Array]] | None = None,
+) -> float | None:
+    """Mean loss of ``params`` over the held-out batches (None without a held-out split).
+
+    ``params`` must be in ``run.param_shardings`` (as ``init_state``, ``restore`` and ``train``
+    return them); ``step_fn``/``data`` reuse a compiled eval step and its batches."""
+    data = eval_data(run) if data is None else data
+    if not data:
+        return None
+    step_fn = make_eval_step(run) if step_fn is None else step_fn
+    losses = [step_fn(params, b) for b in data]
+    return float(np.mean([float(x) for x in losses]))
+
+
+def restore(run: Run, checkpoint_dir: str, step: int | None = None) -> tuple[Any, Any, int]:
+    """``(params, opt_state, step)`` of a checkpoint (default: the latest), placed in the
+    shardings of ``run`` (whose mesh may differ from the one that saved it)."""
+    ckpt = Checkpointer(checkpoint_dir, run.cfg.checkpoint_every)
+    try:
+        step = ckpt.latest_step() if step is None else step
+        if step is None:
+            raise ConfigError(f"no checkpoint in {ckpt.directory}; train with checkpoint_dir set")
+        target = {
+            "params": abstract_like(run.abstract_params, run.param_shardings),
+            "opt_state": abstract_like(
+                jax.eval_shape(run.tx.init, run.abstract_params), run.opt_shardings
+            ),
+        }
+        state, meta = ckpt.restore(step, target)
+    finally:
+        ckpt.close()
+    return state["params"], state["opt_state"], int(meta["step"])
 
 
 def make_train_step(run: Run) -> Callable:
@@ -279,6 +391,20 @@ def per_device_bytes(tree: Any) -> int:
 
 @dataclass
 class Summary:
+    """What ``train`` returns: the losses, speed and the trained state.
+
+    Attributes:
+      steps_run, start_step, final_step: steps this call ran, and where it started and ended.
+      losses: training loss of every step this call ran; first_loss, final_loss its ends.
+      tokens_per_s, mfu: throughput (MFU None where the device's peak is unknown).
+      compile_s, wall_s: compile time of the train step; wall time of the whole call.
+      eval_losses: ``(step, held-out loss)`` of every evaluation (step 0: before training);
+        first_eval_loss, final_eval_loss: its ends (None when evaluation is off).
+      params, opt_state: the final parameters (an ``nnx.State``) and optimizer state, as arrays
+        in their shardings; ``nnx.merge(run.graphdef, params)`` gives the model.
+      run: the built :class:`Run` (mesh, shardings, data).
+    """
+
     steps_run: int
     start_step: int
     final_step: int
@@ -289,6 +415,16 @@ class Summary:
     mfu: float | None
     compile_s: float
     wall_s: float
+    eval_losses: list[tuple[int, float]] = field(default_factory=list)
+    first_eval_loss: float | None = None
+    final_eval_loss: float | None = None
+    params: Any = field(default=None, repr=False)
+    opt_state: Any = field(default=None, repr=False)
+    run: Run | None = field(default=None, repr=False)
+
+
+TrainResult = Summary
+"""The result of :func:`train` (another name of :class:`Summary`)."""
 
 
 def train(
@@ -297,7 +433,11 @@ def train(
     progress: bool = True,
     log: Callable[[str], None] = print,
 ) -> Summary:
-    """Run (or resume) ``cfg`` to ``cfg.steps``; returns the per-step losses of this process."""
+    """Run (or resume) ``cfg`` to ``cfg.steps``; returns a :class:`Summary` with the per-step
+    losses of this process, the held-out losses and the trained ``params``/``opt_state``.
+
+    With ``cfg.checkpoint_dir`` set it resumes from the latest checkpoint there. ``log`` receives
+    each line of output; ``progress`` shows a progress bar."""
     t_start = time.perf_counter()
     run = build(cfg)
     is_main = jax.process_index() == 0
@@ -341,9 +481,30 @@ def train(
     lr_at = schedule(cfg.optim, cfg.steps)
     tokens_per_step = cfg.batch_size * cfg.seq_len
     flops_per_step = run.model.flops_per_token(cfg.seq_len) * tokens_per_step
-    peak = peak_flops()
+    peak = cfg.peak_tflops * 1e12 if cfg.peak_tflops else peak_flops()
+    train_tokens = run.batches.corpus.tokens
+    if is_main and train_tokens is not None and cfg.steps * tokens_per_step > len(train_tokens):
+        log(
+            f"note: the run reads {cfg.steps * tokens_per_step:,} training tokens but the "
+            f"training split of {run.batches.corpus.name} holds {len(train_tokens):,}: about "
+            f"{cfg.steps * tokens_per_step / len(train_tokens):.1f} epochs (sequences repeat)"
+        )
+    eval_fn, eval_batches = None, []
+    if cfg.eval_every and run.eval_batches is not None and start_step < cfg.steps:
+        eval_fn, eval_batches = make_eval_step(run), eval_data(run)
+    eval_losses: list[tuple[int, float]] = []
+
+    def run_eval(at: int) -> float:
+        value = evaluate(run, params, step_fn=eval_fn, data=eval_batches)
+        eval_losses.append((at, value))
+        return value
+
     n_dev = run.mesh.size
     writer = MetricsWriter(cfg.metrics_file, cfg.tensorboard_dir, resume_step=start_step)
+    if eval_fn is not None:
+        first_eval = run_eval(start_step)
+        if start_step == 0:
+            writer.write({"step": 0, "eval_loss": first_eval})
 
     bar = None
     if progress and is_main:
@@ -379,10 +540,16 @@ def train(
             }
             if (mem := device_memory()) is not None:
                 record["peak_bytes_in_use"] = mem["peak_bytes_in_use"]
-            if step % cfg.log_every == 0 or step == cfg.steps:
+            evaluated = eval_fn is not None and (step % cfg.eval_every == 0 or step == cfg.steps)
+            if evaluated:
+                record["eval_loss"] = run_eval(step)
+            if step % cfg.log_every == 0 or step == cfg.steps or evaluated:
                 writer.write(record)
             if bar is not None:
-                bar.set_postfix(loss=f"{loss:.4f}", tok_s=f"{tps:,.0f}", refresh=False)
+                post = {"loss": f"{loss:.4f}", "tok_s": f"{tps:,.0f}"}
+                if eval_losses:
+                    post["eval"] = f"{eval_losses[-1][1]:.4f}"
+                bar.set_postfix(post, refresh=False)
                 bar.update(1)
             if ckpt is not None:
                 ckpt.save(
@@ -415,6 +582,12 @@ def train(
         mfu=mfu,
         compile_s=compile_s,
         wall_s=time.perf_counter() - t_start,
+        eval_losses=eval_losses,
+        first_eval_loss=eval_losses[0][1] if eval_losses else None,
+        final_eval_loss=eval_losses[-1][1] if eval_losses else None,
+        params=params,
+        opt_state=opt_state,
+        run=run,
     )
     if is_main:
         log(_summary_line(summary, ckpt))
@@ -448,6 +621,7 @@ def _summary_line(s: Summary, ckpt: Checkpointer | None) -> str:
     parts = [
         f"done: steps {s.start_step}->{s.final_step}",
         f"loss {s.first_loss:.4f} -> {s.final_loss:.4f}",
+        (f"eval loss {s.first_eval_loss:.4f} -> {s.final_eval_loss:.4f}" if s.eval_losses else ""),
         f"{s.tokens_per_s:,.0f} tokens/s" if s.tokens_per_s else "",
         f"MFU {100 * s.mfu:.1f}%" if s.mfu is not None else "MFU n/a (unknown device peak)",
         f"compile {s.compile_s:.1f}s",
@@ -456,3 +630,16 @@ def _summary_line(s: Summary, ckpt: Checkpointer | None) -> str:
     if ckpt is not None:
         parts.append(f"checkpoints in {ckpt.directory}")
     return "; ".join(p for p in parts if p)
+
+
+class _CallableModule(types.ModuleType):
+    """``colossal_jax.train`` names both this module and, exported by the package, the function
+    :func:`train`; once this module is imported the package attribute may be the module, so
+    calling the module calls the function."""
+
+    def __call__(self, *args, **kwargs):
+        return train(*args, **kwargs)
+
+
+sys.modules[__name__].__class__ = _CallableModule
+sys.modules[__name__].__signature__ = inspect.signature(train)

@@ -20,7 +20,8 @@ def load(path: Path) -> dict[int, float]:
     for line in path.read_text().splitlines():
         if line.strip():
             rec = json.loads(line)
-            out[int(rec["step"])] = float(rec["loss"])
+            if "loss" in rec:  # the step-0 record holds only the untrained eval_loss
+                out[int(rec["step"])] = float(rec["loss"])
     return out
 
 

@@ -1,0 +1,73 @@
+"""Simulated CPU devices for scripts and notebooks: set XLA's flag before JAX starts its backends.
+
+Nothing here imports JAX at module level: ``simulate_cpu_devices`` must run before anything asks
+JAX for its devices (``jax.devices()``, creating an array, building a mesh), because XLA reads
+``--xla_force_host_platform_device_count`` once, when the CPU backend is created.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import sys
+
+from colossal_jax.config import ConfigError
+
+_FLAG = "--xla_force_host_platform_device_count"
+
+
+def backends_initialized() -> bool:
+    """Whether JAX has already created its backends (after which the device count is fixed)."""
+    if "jax" not in sys.modules:
+        return False
+    try:
+        from jax._src import xla_bridge
+    except ImportError:  # pragma: no cover - a JAX without this private module
+        return False
+    return bool(getattr(xla_bridge, "_backends", {}))
+
+
+def simulate_cpu_devices(n: int, *, force_cpu: bool = False) -> None:
+    """Make the CPU backend expose ``n`` devices, so meshes of ``n`` devices run on one host.
+
+    Call it at the top of a script, before anything touches JAX's devices (importing
+    ``colossal_jax`` or ``jax`` is fine; ``jax.devices()`` or creating an array is not). It sets
+    ``XLA_FLAGS=--xla_force_host_platform_device_count=n`` (replacing an earlier count) and, with
+    ``force_cpu=True``, ``JAX_PLATFORMS=cpu`` so that a GPU or TPU present is not used.
+
+    Raises ``ConfigError`` naming the fix if JAX's backends already started with fewer than ``n``
+    devices (then the flag can no longer take effect). If they started with ``n`` or more, nothing
+    changes and no error is raised.
+    """
+    if not isinstance(n, int) or isinstance(n, bool) or n < 1:
+        raise ConfigError(f"simulate_cpu_devices({n!r}): n must be a positive integer, e.g. 8")
+    if backends_initialized():
+        import jax
+
+        have = jax.device_count()
+        if have >= n:
+            return
+        raise ConfigError(
+            f"simulate_cpu_devices({n}) came too late: JAX has already started with {have} "
+            f"device(s) ({jax.default_backend()}). Call colossal_jax.simulate_cpu_devices({n}) "
+            "at the top of the script, before anything touches JAX (jax.devices(), creating an "
+            f"array), or set XLA_FLAGS={_FLAG}={n} in the environment before Python starts"
+        )
+    flags = os.environ.get("XLA_FLAGS", "")
+    flags = re.sub(rf"{_FLAG}=\S*", "", flags).strip()
+    os.environ["XLA_FLAGS"] = f"{flags} {_FLAG}={n}".strip()
+    if force_cpu:
+        os.environ["JAX_PLATFORMS"] = "cpu"
+        if "jax" in sys.modules:
+            import jax
+
+            jax.config.update("jax_platforms", "cpu")
+
+
+def devices_hint(wanted: int, available: int) -> str:
+    """What to do when ``wanted`` devices are asked for on a CPU with only ``available``."""
+    return (
+        f"on a CPU, call colossal_jax.simulate_cpu_devices({wanted}) before anything touches JAX "
+        f"(or set XLA_FLAGS={_FLAG}={wanted}; the command line's --devices {wanted} does this), "
+        f"or use {available} device(s)"
+    )
