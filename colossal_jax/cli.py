@@ -345,8 +345,6 @@ def config_from_args(args, n_devices: int) -> TrainConfig:
         modes["seq_mode"] = "ring"
     if args.pipeline is not None:
         modes["pipeline"] = args.pipeline
-    elif mesh.get("pipe", 1) > 1:
-        modes["pipeline"] = "1f1b"
     parallel = ParallelConfig(
         **mesh, **modes, microbatches=args.microbatches, virtual_stages=args.virtual_stages
     )

@@ -47,8 +47,8 @@ class ParallelConfig:
       tensor_mode: ``none | 1d | 2d | 2.5d | 3d``.
       seq_mode: ``none | ring | ulysses | ring-self-attention``.
       zero: ZeRO stage: 0 (off) or 1 (optimizer state sharded over ``data``).
-      pipeline: ``none | gpipe | 1f1b | interleaved`` schedule on the ``pipe`` axis (``1f1b``
-        when ``pipe > 1`` and none is named).
+      pipeline: ``none | gpipe | 1f1b | interleaved`` schedule on the ``pipe`` axis; ``None``
+        (the default) becomes ``1f1b`` when ``pipe > 1`` and ``none`` otherwise.
       microbatches: M, microbatches per step through the pipeline (a microbatch is
         ``batch_size / M`` sequences); ``None``: ``2·pipe``.
       virtual_stages: V, model chunks per stage of the interleaved schedule.
@@ -63,9 +63,13 @@ class ParallelConfig:
     tensor_mode: str = "none"
     seq_mode: str = "none"
     zero: int = 0
-    pipeline: str = "none"
+    pipeline: str | None = None
     microbatches: int | None = None
     virtual_stages: int = 1
+
+    def __post_init__(self):
+        if self.pipeline is None:
+            object.__setattr__(self, "pipeline", "1f1b" if self.pipe > 1 else "none")
 
     @property
     def axis_sizes(self) -> dict[str, int]:

@@ -236,37 +236,50 @@ def init_state(run: Run) -> tuple[Any, Any]:
     return init()
 
 
+def _loss_fn(run: Run) -> Callable:
+    """The unpipelined mean loss ``(params, batch) -> loss`` (compute dtype cast inside)."""
+    compute_dtype = jnp.bfloat16 if run.cfg.precision == "bf16" else jnp.float32
+
+    def loss_fn(params, batch):
+        if compute_dtype != jnp.float32:
+            params = jax.tree.map(lambda p: p.astype(compute_dtype), params)
+        with use_parallelism(run.layout, run.local_attention):
+            model = nnx.merge(run.graphdef, params)
+            return model.loss(
+                batch["tokens"], batch["positions"], batch["targets"], batch["weights"]
+            )
+
+    return loss_fn
+
+
+def _value_and_grad_fn(run: Run) -> Callable:
+    """``(params, batch) -> (loss, grads)``: autodiff of the loss, or the pipeline executor."""
+    if run.schedule is None:
+        return jax.value_and_grad(_loss_fn(run))
+    from colossal_jax.pipeline.step import pipelined_value_and_grad
+
+    return pipelined_value_and_grad(
+        run.graphdef,
+        run.schedule,
+        run.layout,
+        run.local_attention,
+        n_layer=run.model.n_layer,
+        compute_dtype=jnp.bfloat16 if run.cfg.precision == "bf16" else jnp.float32,
+    )
+
+
 def make_eval_step(run: Run) -> Callable:
     """The jitted forward ``(params, batch) -> mean loss``, in the training step's shardings.
 
     A pipelined run evaluates through the same pipelined function as training and drops the
     gradients (its stacked parameters stay split over ``pipe``)."""
-    compute_dtype = jnp.bfloat16 if run.cfg.precision == "bf16" else jnp.float32
-    if run.schedule is not None:
-        from colossal_jax.pipeline.step import pipelined_value_and_grad
-
-        value_and_grad = pipelined_value_and_grad(
-            run.graphdef,
-            run.schedule,
-            run.layout,
-            run.local_attention,
-            n_layer=run.model.n_layer,
-            compute_dtype=compute_dtype,
-        )
+    if run.schedule is None:
+        loss_fn = _loss_fn(run)
+    else:
+        value_and_grad = _value_and_grad_fn(run)
 
         def loss_fn(params, batch):
             return value_and_grad(params, batch)[0]
-
-    else:
-
-        def loss_fn(params, batch):
-            if compute_dtype != jnp.float32:
-                params = jax.tree.map(lambda p: p.astype(compute_dtype), params)
-            with use_parallelism(run.layout, run.local_attention):
-                model = nnx.merge(run.graphdef, params)
-                return model.loss(
-                    batch["tokens"], batch["positions"], batch["targets"], batch["weights"]
-                )
 
     batch_shardings = {k: run.batch_sharding for k in ("tokens", "targets", "positions", "weights")}
     return jax.jit(loss_fn, in_shardings=(run.param_shardings, batch_shardings))
@@ -276,18 +289,7 @@ def eval_data(run: Run) -> list[dict[str, jax.Array]]:
     """The fixed held-out batches of every evaluation (empty without a held-out split)."""
     if run.eval_batches is None:
         return []
-    out = []
-    for i in range(run.cfg.eval_batches):
-        host = run.eval_batches.batch(i)
-        out.append(
-            {
-                k: jax.make_array_from_callback(
-                    v.shape, run.batch_sharding, lambda idx, v=v: v[idx]
-                )
-                for k, v in host.items()
-            }
-        )
-    return out
+    return [_place(run, run.eval_batches.batch(i)) for i in range(run.cfg.eval_batches)]
 
 
 def evaluate(
@@ -331,29 +333,7 @@ def restore(run: Run, checkpoint_dir: str, step: int | None = None) -> tuple[Any
 
 def make_train_step(run: Run) -> Callable:
     """The jitted step ``(params, opt_state, batch) -> (params, opt_state, metrics)``."""
-    compute_dtype = jnp.bfloat16 if run.cfg.precision == "bf16" else jnp.float32
-
-    def loss_fn(params, batch):
-        if compute_dtype != jnp.float32:
-            params = jax.tree.map(lambda p: p.astype(compute_dtype), params)
-        with use_parallelism(run.layout, run.local_attention):
-            model = nnx.merge(run.graphdef, params)
-            return model.loss(
-                batch["tokens"], batch["positions"], batch["targets"], batch["weights"]
-            )
-
-    value_and_grad = jax.value_and_grad(loss_fn)
-    if run.schedule is not None:
-        from colossal_jax.pipeline.step import pipelined_value_and_grad
-
-        value_and_grad = pipelined_value_and_grad(
-            run.graphdef,
-            run.schedule,
-            run.layout,
-            run.local_attention,
-            n_layer=run.model.n_layer,
-            compute_dtype=compute_dtype,
-        )
+    value_and_grad = _value_and_grad_fn(run)
 
     def step(params, opt_state, batch):
         loss, grads = value_and_grad(params, batch)
@@ -373,7 +353,10 @@ def make_train_step(run: Run) -> Callable:
 
 def global_batch(run: Run, step: int) -> dict[str, jax.Array]:
     """The batch of ``step`` as global arrays; each process builds only its addressable shards."""
-    host = run.batches.batch(step)
+    return _place(run, run.batches.batch(step))
+
+
+def _place(run: Run, host: dict[str, np.ndarray]) -> dict[str, jax.Array]:
     return {
         k: jax.make_array_from_callback(v.shape, run.batch_sharding, lambda idx, v=v: v[idx])
         for k, v in host.items()

@@ -239,3 +239,8 @@ def test_stacked_parameters_split_their_layer_axis_over_pipe():
     flat_run = build_run(flat)
     flat_specs = jax.tree.leaves(flat_run.param_shardings, is_leaf=lambda x: hasattr(x, "spec"))
     assert all("pipe" not in tuple(s.spec) for s in flat_specs)
+
+
+def test_a_pipe_axis_defaults_to_1f1b_from_python_too():
+    assert ParallelConfig(pipe=2, data=4).pipeline == "1f1b"
+    assert ParallelConfig(data=8).pipeline == "none"

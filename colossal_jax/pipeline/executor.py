@@ -38,7 +38,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from colossal_jax.pipeline.schedule import BACKWARD, BRANCHES, COL, FORWARD, Schedule
+from colossal_jax.pipeline.schedule import BRANCHES, COL, Schedule
 from colossal_jax.tensor.kernels import varying, varying_axes_of
 from colossal_jax.tensor.layout import per_stage_branches
 
@@ -261,6 +261,3 @@ def interleave_permutation(n_layer: int, stages: int, virtual: int) -> np.ndarra
         for i in range(per_chunk)
     ]
     return np.asarray(perm, dtype=np.int32)
-
-
-__all__ = ["BACKWARD", "FORWARD", "interleave_permutation", "run_pipeline"]
