@@ -21,31 +21,14 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
-from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from colossal_jax.layers import stacked_filter, use_parallelism
 from colossal_jax.pipeline.executor import interleave_permutation, run_pipeline
 from colossal_jax.pipeline.schedule import Schedule
-from colossal_jax.sharding import tree_shardings
+from colossal_jax.sharding import param_specs
+from colossal_jax.tensor.grid import axes_of
 from colossal_jax.tensor.layout import LocalAttention, TensorLayout
-
-
-def _specs(tree, layout: TensorLayout, layer_entry: str | None):
-    return jax.tree.map(
-        lambda s: s.spec,
-        tree_shardings(tree, layout, layer_entry=layer_entry),
-        is_leaf=lambda x: isinstance(x, NamedSharding),
-    )
-
-
-def _axes(spec: P) -> tuple[str, ...]:
-    out: list[str] = []
-    for entry in spec:
-        if entry is None:
-            continue
-        out.extend((entry,) if isinstance(entry, str) else entry)
-    return tuple(out)
 
 
 def pipelined_value_and_grad(
@@ -60,7 +43,7 @@ def pipelined_value_and_grad(
     """``(params, batch) -> (mean loss, grads)`` through the pipeline ``schedule``."""
     mesh = layout.mesh
     token_spec = layout.token_spec()
-    token_axes = _axes(token_spec)
+    token_axes = tuple(a for entry in token_spec for a in axes_of(entry))
     virtual = schedule.virtual_stages
     perm = inv = None
     if virtual > 1:
@@ -72,8 +55,8 @@ def pipelined_value_and_grad(
         if compute_dtype != jnp.float32:
             params = jax.tree.map(lambda a: a.astype(compute_dtype), params)
         gd, stack, rest = nnx.split(nnx.merge(graphdef, params), stacked_filter, ...)
-        stack_specs = _specs(stack, layout, "pipe")
-        rest_specs = _specs(rest, layout, None)
+        stack_specs = param_specs(stack, layout, layer_entry="pipe")
+        rest_specs = param_specs(rest, layout)
         if perm is not None:
             stack = jax.tree.map(lambda a: a[perm], stack)
 
