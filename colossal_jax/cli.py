@@ -15,7 +15,9 @@ from colossal_jax import preflight
 from colossal_jax.config import (
     OPTIMIZERS,
     PIPELINES,
+    OFFLOADS,
     PRECISIONS,
+    REMATS,
     SEQ_MODES,
     TENSOR_MODES,
     ConfigError,
@@ -127,7 +129,13 @@ def build_parser() -> argparse.ArgumentParser:
     a("--tensor-mode", default=None, help=f"one of {', '.join(TENSOR_MODES)}")
     a("--tensor-depth", type=_int, default=None, help="depth d of 2.5d when using --mesh tensor=N")
     a("--seq-mode", default=None, help=f"one of {', '.join(SEQ_MODES)}")
-    a("--zero", type=_int, default=None, help="ZeRO stage: 0 or 1 (optimizer state over data)")
+    a(
+        "--zero",
+        type=_int,
+        default=None,
+        help="ZeRO stage over data: 0 off, 1 optimizer state, 2 + gradients, 3 + parameters "
+        "(gathered per layer)",
+    )
     a(
         "--pipeline",
         default=None,
@@ -163,7 +171,29 @@ def build_parser() -> argparse.ArgumentParser:
         help="decoupled weight decay of matrices (0: off)",
     )
     a("--clip-norm", type=_float, default=o.clip_norm, help="global-norm clipping (0: off)")
-    a("--precision", default=d.precision, help=f"one of {', '.join(PRECISIONS)}")
+    a(
+        "--precision",
+        default=d.precision,
+        help=f"one of {', '.join(PRECISIONS)} (bf16/fp16 compute, fp32 master weights; fp16 with "
+        "dynamic loss scaling)",
+    )
+    a(
+        "--remat",
+        default=d.remat,
+        help=f"activation checkpointing per layer: one of {', '.join(REMATS)}",
+    )
+    a(
+        "--grad-accum",
+        type=_int,
+        default=d.grad_accum,
+        help="split each batch into N microbatches and accumulate their gradients (same update)",
+    )
+    a(
+        "--offload",
+        default=d.offload,
+        help=f"one of {', '.join(OFFLOADS)}: keep optimizer state (params: and ZeRO-3 "
+        "parameters) in host memory between steps",
+    )
     a("--seed", type=_int, default=d.seed, help="seeds parameter init and the data order")
     a(
         "--attention",
@@ -361,6 +391,9 @@ def config_from_args(args, n_devices: int) -> TrainConfig:
         batch_size=args.batch_size,
         seq_len=args.seq_len,
         precision=args.precision,
+        remat=args.remat,
+        grad_accum=args.grad_accum,
+        offload=args.offload,
         seed=args.seed,
         attention=args.attention,
         data=args.data,

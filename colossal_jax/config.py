@@ -24,7 +24,9 @@ MESH_ORDER: tuple[str, ...] = ("data", "pipe", "seq", "tensor_depth", "tensor_ro
 TENSOR_MODES = ("none", "1d", "2d", "2.5d", "3d")
 ATTENTION_IMPLS = ("auto", "xla", "cudnn")
 SEQ_MODES = ("none", "ring", "ulysses", "ring-self-attention")
-PRECISIONS = ("fp32", "bf16")
+PRECISIONS = ("fp32", "bf16", "fp16")
+REMATS = ("none", "full", "selective", "offload")
+OFFLOADS = ("none", "optimizer", "params")
 PIPELINES = ("none", "gpipe", "1f1b", "interleaved")
 OPTIMIZERS = ("adamw", "lamb", "lars", "sgd")
 MESHES_DIR = Path(__file__).resolve().parent.parent / "meshes"
@@ -46,7 +48,8 @@ class ParallelConfig:
       seq: sequence-parallel group (sequence split).
       tensor_mode: ``none | 1d | 2d | 2.5d | 3d``.
       seq_mode: ``none | ring | ulysses | ring-self-attention``.
-      zero: ZeRO stage: 0 (off) or 1 (optimizer state sharded over ``data``).
+      zero: ZeRO stage over ``data``: 0 (off), 1 (optimizer state sharded), 2 (+ gradients
+        reduce-scattered), 3 (+ parameters stored sharded, gathered per layer).
       pipeline: ``none | gpipe | 1f1b | interleaved`` schedule on the ``pipe`` axis; ``None``
         (the default) becomes ``1f1b`` when ``pipe > 1`` and ``none`` otherwise.
       microbatches: M, microbatches per step through the pipeline (a microbatch is
@@ -111,8 +114,8 @@ class ParallelConfig:
             raise ConfigError(_choice("--tensor-mode", self.tensor_mode, TENSOR_MODES))
         if self.seq_mode not in SEQ_MODES:
             raise ConfigError(_choice("--seq-mode", self.seq_mode, SEQ_MODES))
-        if self.zero not in (0, 1):
-            raise ConfigError(f"--zero {self.zero} is not supported; use 0 or 1")
+        if self.zero not in (0, 1, 2, 3):
+            raise ConfigError(f"--zero {self.zero} is not a ZeRO stage; use 0, 1, 2 or 3")
         self._validate_pipeline()
         if n_devices is not None and self.size != n_devices:
             raise ConfigError(
@@ -471,7 +474,14 @@ class TrainConfig:
       steps: total optimizer steps (a resumed run stops where an uninterrupted one would).
       batch_size: global batch in sequences, whatever the mesh.
       seq_len: tokens per sequence.
-      precision: fp32 | bf16 (bf16 compute, fp32 master weights and optimizer state).
+      precision: fp32 | bf16 | fp16 (bf16/fp16 compute, fp32 master weights and optimizer
+        state; fp16 with dynamic loss scaling).
+      remat: activation checkpointing of each stack layer: none | full | selective | offload
+        (:mod:`colossal_jax.remat`).
+      grad_accum: microbatches accumulated per optimizer step (the batch is split into this
+        many; the update equals the one of the whole batch).
+      offload: none | optimizer | params: keep the optimizer state (``params``: and, with
+        ZeRO-3, the parameters) in host memory between steps.
       seed: seeds parameter init and the data order.
       data: ``stdlib`` (embedded corpus), ``synthetic``, or a path to a text or ``.npy`` file.
       checkpoint_dir, checkpoint_every: orbax checkpoints (every N steps and at the end).
@@ -493,6 +503,9 @@ class TrainConfig:
     batch_size: int = 16
     seq_len: int = 128
     precision: str = "fp32"
+    remat: str = "none"
+    grad_accum: int = 1
+    offload: str = "none"
     seed: int = 0
     data: str = "stdlib"
     checkpoint_dir: str | None = None
@@ -519,6 +532,7 @@ class TrainConfig:
             raise ConfigError(f"--seq-len {self.seq_len} must be at least 2 (e.g. --seq-len 128)")
         if self.precision not in PRECISIONS:
             raise ConfigError(_choice("--precision", self.precision, PRECISIONS))
+        self._validate_memory_fields()
         if self.attention not in ATTENTION_IMPLS:
             raise ConfigError(_choice("--attention", self.attention, ATTENTION_IMPLS))
         ring_kernel = self.parallel.seq > 1 and self.parallel.seq_mode in (
@@ -552,6 +566,37 @@ class TrainConfig:
         for flag, f in (("--metrics-file", self.metrics_file),):
             if f is not None and Path(f).is_dir():
                 raise ConfigError(f"{flag} {f} is a directory; name a file")
+
+    def _validate_memory_fields(self) -> None:
+        """``--remat``, ``--grad-accum``, ``--offload`` and how they combine with ZeRO and the
+        pipeline."""
+        if self.remat not in REMATS:
+            raise ConfigError(_choice("--remat", self.remat, REMATS))
+        if self.offload not in OFFLOADS:
+            raise ConfigError(_choice("--offload", self.offload, OFFLOADS))
+        if not isinstance(self.grad_accum, int) or self.grad_accum < 1:
+            raise ConfigError(
+                f"--grad-accum {self.grad_accum} must be at least 1 (1: no accumulation; e.g. "
+                "--grad-accum 4)"
+            )
+        par = self.parallel
+        if self.offload == "params" and par.zero != 3:
+            raise ConfigError(
+                f"--offload params keeps ZeRO-3's parameter shards in host memory, but --zero is "
+                f"{par.zero}; add --zero 3, or use --offload optimizer"
+            )
+        if par.pipelined and par.zero >= 2:
+            raise ConfigError(
+                f"--zero {par.zero} with a pipeline (pipe={par.pipe}) is not built yet: the "
+                "pipeline executor reduces gradients over data itself; use --zero 1 with a "
+                "pipeline, or drop pipe from --mesh"
+            )
+        if par.pipelined and self.remat != "none":
+            raise ConfigError(
+                f"--remat {self.remat} with a pipeline (pipe={par.pipe}) is not built yet (the "
+                "executor keeps each chunk's residuals until its backward); use --remat none "
+                "with a pipeline, or drop pipe from --mesh"
+            )
 
     def _validate_run_fields(self) -> None:
         if not 0 <= self.seed < 2**63:

@@ -104,3 +104,26 @@ def update_scale(
 def select_if_finite(finite: jax.Array, new_tree: Any, old_tree: Any) -> Any:
     """Leaf-wise ``where(finite, new, old)``: keeps params / optimizer state on a skipped step."""
     return jax.tree.map(lambda new, old: jnp.where(finite, new, old), new_tree, old_tree)
+
+
+class ScaledState(NamedTuple):
+    """Optimizer state of :func:`with_dynamic_scale`: the loss scale next to the inner state."""
+
+    loss_scale: DynamicScale
+    inner: Any
+
+
+def with_dynamic_scale(tx, initial: float = 2.0**15):
+    """``tx`` whose state also carries the :class:`DynamicScale` (so checkpoints, restores and
+    shardings of the optimizer state include it). ``update`` is ``tx``'s; the training step reads
+    ``state.loss_scale`` before the backward pass and replaces it after (:func:`update_scale`)."""
+    import optax
+
+    def init(params):
+        return ScaledState(init_scale(initial), tx.init(params))
+
+    def update(updates, state, params=None):
+        updates, inner = tx.update(updates, state.inner, params)
+        return updates, ScaledState(state.loss_scale, inner)
+
+    return optax.GradientTransformation(init, update)

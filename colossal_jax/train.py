@@ -34,6 +34,8 @@ from colossal_jax.mesh import build_mesh
 from colossal_jax.metrics import MetricsWriter, device_memory, peak_flops
 from colossal_jax.optim import make_optimizer, schedule
 from colossal_jax.sharding import make_layout, make_local_attention, tree_shardings
+from colossal_jax.step import sharded_value_and_grad, stack_layer_dims
+from colossal_jax.zero import zero_dims
 from colossal_jax.tensor.layout import LocalAttention, TensorLayout
 from models.gpt import GPT, GPTConfig, model_config
 
@@ -80,6 +82,13 @@ def validate_run(cfg: TrainConfig, model: GPTConfig, layout: TensorLayout) -> No
             f"--batch-size {cfg.batch_size} is not divisible by the {split} batch shards of the "
             f"mesh ({par.short()}, tensor_mode={par.tensor_mode}); use --batch-size {good}"
         )
+    if cfg.grad_accum > 1 and not par.pipelined and cfg.batch_size % (split * cfg.grad_accum):
+        good = split * cfg.grad_accum * max(1, round(cfg.batch_size / (split * cfg.grad_accum)))
+        raise ConfigError(
+            f"--batch-size {cfg.batch_size} does not divide into --grad-accum {cfg.grad_accum} "
+            f"microbatches over the {split} batch shards ({split}·{cfg.grad_accum} = "
+            f"{split * cfg.grad_accum}); use --batch-size {good} or a smaller --grad-accum"
+        )
     seq_split = par.seq * (2 if par.seq_mode == "ring" and par.seq > 1 else 1)
     if cfg.seq_len % seq_split:
         why = "2·seq zigzag chunks" if seq_split != par.seq else "seq"
@@ -88,7 +97,7 @@ def validate_run(cfg: TrainConfig, model: GPTConfig, layout: TensorLayout) -> No
             f"--seq-len {seq_split * max(1, cfg.seq_len // seq_split)}"
         )
     if par.pipelined:
-        m = par.num_microbatches
+        m = par.num_microbatches * cfg.grad_accum
         chunks = par.pipe * par.virtual_stages
         if model.n_layer % chunks:
             good = chunks * max(1, round(model.n_layer / chunks))
@@ -104,7 +113,7 @@ def validate_run(cfg: TrainConfig, model: GPTConfig, layout: TensorLayout) -> No
             raise ConfigError(
                 f"--batch-size {cfg.batch_size} does not divide into {m} microbatches over the "
                 f"{split} batch shards ({split}·{m} = {split * m}); use --batch-size {good} or "
-                "fewer --microbatches"
+                "fewer --microbatches" + (" / --grad-accum" if cfg.grad_accum > 1 else "")
             )
     if par.seq_mode == "ulysses" and par.seq > 1:
         head_split = layout.axis_size(layout.wide_spec()[2])
@@ -153,6 +162,9 @@ class Run:
     batches: Batches
     schedule: Any = None
     eval_batches: Batches | None = None
+    grad_shardings: Any = None
+    zero_dims: Any = None
+    layer_dims: list | None = None
 
 
 def build(cfg: TrainConfig) -> Run:
@@ -180,10 +192,20 @@ def build(cfg: TrainConfig) -> Run:
     abstract_model = nnx.eval_shape(lambda: GPT(model, rngs=nnx.Rngs(cfg.seed)))
     graphdef, abstract_params = nnx.split(abstract_model)
     layer_entry = "pipe" if cfg.parallel.pipelined else None
-    param_shardings = tree_shardings(abstract_params, layout, layer_entry=layer_entry)
+    stage = cfg.parallel.zero
+    plain_shardings = tree_shardings(abstract_params, layout, layer_entry=layer_entry)
+    zero_shardings = tree_shardings(
+        abstract_params, layout, zero_axis="data", layer_entry=layer_entry
+    )
+    param_shardings = zero_shardings if stage == 3 else plain_shardings
+    grad_shardings = zero_shardings if stage >= 2 else plain_shardings
     tx = make_optimizer(cfg.optim, cfg.steps)
+    if cfg.precision == "fp16":
+        from colossal_jax.loss_scale import with_dynamic_scale
+
+        tx = with_dynamic_scale(tx)
     abstract_opt = jax.eval_shape(tx.init, abstract_params)
-    zero_axis = "data" if cfg.parallel.zero >= 1 else None
+    zero_axis = "data" if stage >= 1 else None
     opt_shardings = tree_shardings(
         abstract_opt, layout, zero_axis=zero_axis, layer_entry=layer_entry
     )
@@ -192,7 +214,10 @@ def build(cfg: TrainConfig) -> Run:
         from colossal_jax.pipeline.schedule import build as build_schedule
 
         par = cfg.parallel
-        schedule = build_schedule(par.pipeline, par.pipe, par.num_microbatches, par.virtual_stages)
+        # gradient accumulation composes with the pipeline as more microbatches per step
+        schedule = build_schedule(
+            par.pipeline, par.pipe, par.num_microbatches * cfg.grad_accum, par.virtual_stages
+        )
 
     order = None
     if cfg.parallel.seq_mode == "ring" and cfg.parallel.seq > 1:
@@ -221,6 +246,9 @@ def build(cfg: TrainConfig) -> Run:
         batches=batches,
         schedule=schedule,
         eval_batches=eval_batches,
+        grad_shardings=grad_shardings,
+        zero_dims=zero_dims(abstract_params, layout, layer_entry=layer_entry),
+        layer_dims=stack_layer_dims(graphdef, abstract_params, layout),
     )
 
 
@@ -236,9 +264,12 @@ def init_state(run: Run) -> tuple[Any, Any]:
     return init()
 
 
+COMPUTE_DTYPES = {"fp32": jnp.float32, "bf16": jnp.bfloat16, "fp16": jnp.float16}
+
+
 def _loss_fn(run: Run) -> Callable:
     """The unpipelined mean loss ``(params, batch) -> loss`` (compute dtype cast inside)."""
-    compute_dtype = jnp.bfloat16 if run.cfg.precision == "bf16" else jnp.float32
+    compute_dtype = COMPUTE_DTYPES[run.cfg.precision]
 
     def loss_fn(params, batch):
         if compute_dtype != jnp.float32:
@@ -253,9 +284,26 @@ def _loss_fn(run: Run) -> Callable:
 
 
 def _value_and_grad_fn(run: Run) -> Callable:
-    """``(params, batch) -> (loss, grads)``: autodiff of the loss, or the pipeline executor."""
+    """``(params, batch, scale) -> (loss, grads)``: the all-manual step with ZeRO and gradient
+    accumulation (:mod:`colossal_jax.step`), or the pipeline executor. ``scale`` multiplies the
+    loss before differentiation (fp16 loss scaling); the gradients come back scaled."""
+    compute_dtype = COMPUTE_DTYPES[run.cfg.precision]
     if run.schedule is None:
-        return jax.value_and_grad(_loss_fn(run))
+        from colossal_jax.remat import RematPolicy
+
+        return sharded_value_and_grad(
+            run.graphdef,
+            run.layout,
+            run.local_attention,
+            param_specs=_specs(run.param_shardings),
+            grad_specs=_specs(run.grad_shardings),
+            dims=run.zero_dims,
+            layer_dims=run.layer_dims,
+            stage=run.cfg.parallel.zero,
+            accum=run.cfg.grad_accum,
+            remat=RematPolicy(run.cfg.remat).policy(),
+            compute_dtype=compute_dtype,
+        )
     from colossal_jax.pipeline.step import pipelined_value_and_grad
 
     return pipelined_value_and_grad(
@@ -264,8 +312,12 @@ def _value_and_grad_fn(run: Run) -> Callable:
         run.layout,
         run.local_attention,
         n_layer=run.model.n_layer,
-        compute_dtype=jnp.bfloat16 if run.cfg.precision == "bf16" else jnp.float32,
+        compute_dtype=compute_dtype,
     )
+
+
+def _specs(shardings: Any) -> Any:
+    return jax.tree.map(lambda s: s.spec, shardings, is_leaf=lambda x: isinstance(x, NamedSharding))
 
 
 def make_eval_step(run: Run) -> Callable:
@@ -334,6 +386,8 @@ def restore(run: Run, checkpoint_dir: str, step: int | None = None) -> tuple[Any
 def make_train_step(run: Run) -> Callable:
     """The jitted step ``(params, opt_state, batch) -> (params, opt_state, metrics)``."""
     value_and_grad = _value_and_grad_fn(run)
+    if run.cfg.precision == "fp16":
+        return _jit_step(run, _loss_scaled_step(run, value_and_grad))
 
     def step(params, opt_state, batch):
         loss, grads = value_and_grad(params, batch)
@@ -342,6 +396,37 @@ def make_train_step(run: Run) -> Callable:
         params = optax.apply_updates(params, updates)
         return params, opt_state, {"loss": loss, "grad_norm": grad_norm}
 
+    return _jit_step(run, step)
+
+
+def _loss_scaled_step(run: Run, value_and_grad: Callable) -> Callable:
+    """fp16: scale the loss, unscale and check the gradients, skip a non-finite step (parameters
+    and optimizer state unchanged, scale halved), grow the scale after clean steps."""
+    from colossal_jax import loss_scale as ls
+
+    def step(params, opt_state, batch):
+        scale_state = opt_state.loss_scale
+        loss, grads = value_and_grad(params, batch, scale_state.scale)
+        grads, finite = ls.unscale_and_check(scale_state, grads)
+        grad_norm = optax.tree.norm(grads)
+        updates, new_opt = run.tx.update(grads, opt_state, params)
+        new_params = optax.apply_updates(params, updates)
+        params, opt_state = ls.select_if_finite(finite, (new_params, new_opt), (params, opt_state))
+        new_scale = ls.update_scale(scale_state, finite)
+        opt_state = opt_state._replace(loss_scale=new_scale)
+        metrics = {
+            "loss": loss,
+            "grad_norm": grad_norm,
+            "loss_scale": scale_state.scale,
+            "skipped_steps": new_scale.skipped,
+        }
+        return params, opt_state, metrics
+
+    return step
+
+
+def _jit_step(run: Run, step: Callable) -> Callable:
+    """``step`` jitted in the run's shardings, parameters and optimizer state donated."""
     batch_shardings = {k: run.batch_sharding for k in ("tokens", "targets", "positions", "weights")}
     return jax.jit(
         step,

@@ -18,17 +18,54 @@ time; ``nnx.vmap`` runs once, abstractly, when the parameters are created.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import contextlib
+import contextvars
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from typing import Any
 
 import jax
 from flax import nnx
+from jax.ad_checkpoint import checkpoint_name
+
+from colossal_jax.remat import LAYER_INPUT
 
 UNROLL_UP_TO = 2
 """Stacks (or pipeline chunks) this shallow run as a Python loop by default."""
 
 LAYER_AXIS = "layer_axis"
 """Metadata key: the dimension of a stacked parameter that indexes layers (always 0 here)."""
+
+
+@dataclass(frozen=True)
+class StackOptions:
+    """How the step wants every stack run; set by :func:`use_stack_options` while it traces.
+
+    Attributes:
+      remat: ``jax.checkpoint`` policy for one layer (``jax.checkpoint_policies.*``), or ``None``
+        for no rematerialisation. :mod:`colossal_jax.remat` builds it from ``--remat``.
+      prepare_layer: applied to each layer's parameters inside the scan body before the block
+        runs (ZeRO-3 gathers the layer's weights there, :mod:`colossal_jax.zero`); ``None``: as
+        stored.
+    """
+
+    remat: Callable[..., bool] | None = None
+    prepare_layer: Callable[[Any], Any] | None = None
+
+
+_OPTIONS: contextvars.ContextVar[StackOptions] = contextvars.ContextVar(
+    "colossal_jax_stack_options", default=StackOptions()
+)
+
+
+@contextlib.contextmanager
+def use_stack_options(options: StackOptions) -> Iterator[StackOptions]:
+    """Run every stack traced inside the block with ``options`` (remat, per-layer hook)."""
+    token = _OPTIONS.set(options)
+    try:
+        yield options
+    finally:
+        _OPTIONS.reset(token)
 
 
 def is_stacked(variable: nnx.Variable) -> bool:
@@ -89,14 +126,27 @@ def apply_layers(
 
     ``args`` (e.g. positions) are passed unchanged to every block. A pipeline stage calls this
     with its chunk of the stacked state. ``unroll=None`` unrolls at most :data:`UNROLL_UP_TO`
-    layers and scans more.
+    layers and scans more. The active :class:`StackOptions` add remat and a per-layer hook.
     """
     n = jax.tree.leaves(state)[0].shape[0]
     if unroll is None:
         unroll = n <= UNROLL_UP_TO
 
+    options = _OPTIONS.get()
+
+    def layer(h, layer_state):
+        h = checkpoint_name(h, LAYER_INPUT)
+        if options.prepare_layer is not None:
+            layer_state = options.prepare_layer(layer_state)
+        return nnx.merge(graphdef, layer_state)(h, *args)
+
+    if options.remat is not None:
+        # the layer (with its ZeRO-3 gather) is recomputed in the backward pass; the policy
+        # names what may be kept (or offloaded) from the forward
+        layer = jax.checkpoint(layer, policy=options.remat, prevent_cse=False)
+
     def body(h, layer_state):
-        return nnx.merge(graphdef, layer_state)(h, *args), None
+        return layer(h, layer_state), None
 
     # scan's own unrolling keeps its stacked handling of parameters and their gradients (a
     # Python loop over a[i] would pad every layer's gradient to the whole stack)

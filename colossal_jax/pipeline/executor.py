@@ -97,6 +97,7 @@ def run_pipeline(
     targets: jax.Array,
     weights: jax.Array,
     token_axes: tuple[str, ...],
+    scale: jax.Array | None = None,
 ) -> tuple[jax.Array, Any, Any]:
     """Per-device body (inside an all-manual ``shard_map``): ``(loss, d_stack, d_rest)``.
 
@@ -108,6 +109,8 @@ def run_pipeline(
       tokens, positions, targets, weights: this device's batch block ``[b, s]``; ``b`` is split
         into ``schedule.microbatches`` microbatches of consecutive rows.
       token_axes: the mesh axes splitting the batch and sequence (for the global token count).
+      scale: multiplies the loss's gradient seed (fp16 loss scaling): every gradient comes back
+        scaled, the loss does not.
 
     Returns:
       the mean loss over the global batch (replicated), the stack gradient (this stage's
@@ -128,6 +131,7 @@ def run_pipeline(
     rest = jax.tree.map(lambda a: varying(a, (PIPE,)), rest)
     count = jax.lax.psum(jnp.sum(weights.astype(jnp.float32)), token_axes)
     count = jnp.maximum(count, 1.0)
+    seed = 1.0 / count if scale is None else scale / count
 
     def chunk_params(v):
         return jax.tree.map(
@@ -184,7 +188,9 @@ def run_pipeline(
             (total, _), pullback = jax.vjp(
                 lambda r, yy: head_fn(r, yy, targets[mb], weights[mb]), rest, y
             )
-            d_r, dy = pullback((jnp.ones_like(total) / count, jnp.zeros_like(total)))
+            d_r, dy = pullback(
+                (jnp.ones_like(total) * seed.astype(total.dtype), jnp.zeros_like(total))
+            )
             c = dict(
                 c,
                 d_rest=jax.tree.map(jnp.add, c["d_rest"], d_r),

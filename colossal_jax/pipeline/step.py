@@ -1,7 +1,8 @@
 """The pipelined loss and gradients of one step: the model's three parts handed to the executor.
 
-``pipelined_value_and_grad`` returns ``f(params, batch) -> (loss, grads)`` with the same
-contract as ``jax.value_and_grad`` of the unpipelined loss. Inside it:
+``pipelined_value_and_grad`` returns ``f(params, batch, scale=None) -> (loss, grads)`` with the
+same contract as ``jax.value_and_grad`` of the unpipelined loss (gradients multiplied by
+``scale``, for fp16 loss scaling). Inside it:
 
 1. the model's parameters are split by the ``layer_axis`` metadata into the stack (leading layer
    dimension, split over ``pipe``) and the rest (embedding, final norm, head; on every stage);
@@ -50,7 +51,7 @@ def pipelined_value_and_grad(
         perm = interleave_permutation(n_layer, schedule.stages, virtual)
         inv = np.argsort(perm).astype(np.int32)
 
-    def value_and_grad(params, batch):
+    def value_and_grad(params, batch, scale=None):
         model_params = params
         if compute_dtype != jnp.float32:
             params = jax.tree.map(lambda a: a.astype(compute_dtype), params)
@@ -60,7 +61,7 @@ def pipelined_value_and_grad(
         if perm is not None:
             stack = jax.tree.map(lambda a: a[perm], stack)
 
-        def per_device(stack, rest, tokens, positions, targets, weights):
+        def per_device(stack, rest, tokens, positions, targets, weights, scale):
             def chunk_fn(chunk, x, pos):
                 return nnx.merge(gd, chunk, rest).blocks(x, pos)
 
@@ -83,15 +84,24 @@ def pipelined_value_and_grad(
                     targets=targets,
                     weights=weights,
                     token_axes=token_axes,
+                    scale=scale,
                 )
 
         tok = token_spec
         loss, d_stack, d_rest = jax.shard_map(
             per_device,
             mesh=mesh,
-            in_specs=(stack_specs, rest_specs, tok, tok, tok, tok),
+            in_specs=(stack_specs, rest_specs, tok, tok, tok, tok, P()),
             out_specs=(P(), stack_specs, rest_specs),
-        )(stack, rest, batch["tokens"], batch["positions"], batch["targets"], batch["weights"])
+        )(
+            stack,
+            rest,
+            batch["tokens"],
+            batch["positions"],
+            batch["targets"],
+            batch["weights"],
+            jnp.float32(1.0) if scale is None else scale.astype(jnp.float32),
+        )
         if inv is not None:
             d_stack = jax.tree.map(lambda g: g[inv], d_stack)
         grads = nnx.merge_state(d_stack, d_rest)

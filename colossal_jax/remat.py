@@ -1,0 +1,67 @@
+"""Activation checkpointing (rematerialisation) of the layer stack: ``--remat``.
+
+Each layer of the scanned stack (:func:`colossal_jax.layers.stack.apply_layers`) runs under
+``jax.checkpoint`` with one of these policies (Chen et al. 2016, "Training Deep Nets with
+Sublinear Memory Cost", arXiv 1604.06174; the selective policy is Korthikanti et al. 2022,
+"Reducing Activation Recomputation in Large Transformer Models", arXiv 2205.05198):
+
+- ``none``: no checkpoint; the backward pass keeps every intermediate of every layer.
+- ``full``: keep only each layer's input (the scan carry); the backward pass recomputes the
+  layer: one extra forward per step (≈ +33% FLOPs), activation memory ``L·b·s·h`` plus one
+  layer's intermediates.
+- ``selective``: also keep the outputs of matmuls without batch dimensions (the projections
+  ``x @ W``) and any value named in ``saved_names``; the attention core (softmax, its ``s²``
+  scores) and the element-wise ops are recomputed.
+- ``offload``: like ``full``, but each layer's input (named :data:`LAYER_INPUT`) is copied to
+  the host's ``pinned_host`` memory in the forward pass and back in the backward pass
+  (``jax.checkpoint_policies.save_and_offload_only_these_names``). What this saves depends on
+  the backend: see docs/memory.md.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import jax
+
+REMAT_MODES = ("none", "full", "selective", "offload")
+LAYER_INPUT = "layer_input"
+"""``checkpoint_name`` of each layer's input inside the scan body."""
+
+
+@dataclass(frozen=True)
+class RematPolicy:
+    """What one layer of the stack keeps for its backward pass.
+
+    Attributes:
+      mode: ``none | full | selective | offload`` (see the module docstring).
+      saved_names: ``checkpoint_name``-d values ``selective`` keeps besides matmul outputs.
+      offloaded_names: values ``offload`` moves to host memory.
+    """
+
+    mode: str = "none"
+    saved_names: tuple[str, ...] = ()
+    offloaded_names: tuple[str, ...] = (LAYER_INPUT,)
+
+    def policy(self) -> Callable[..., bool] | None:
+        """The ``jax.checkpoint`` policy, or ``None`` for ``none`` (no checkpoint at all)."""
+        cp = jax.checkpoint_policies
+        if self.mode == "none":
+            return None
+        if self.mode == "full":
+            return cp.nothing_saveable
+        if self.mode == "selective":
+            if not self.saved_names:
+                return cp.dots_with_no_batch_dims_saveable
+            return cp.save_from_both_policies(
+                cp.dots_with_no_batch_dims_saveable, cp.save_only_these_names(*self.saved_names)
+            )
+        if self.mode == "offload":
+            return cp.save_and_offload_only_these_names(
+                names_which_can_be_saved=list(self.saved_names),
+                names_which_can_be_offloaded=list(self.offloaded_names),
+                offload_src="device",
+                offload_dst="pinned_host",
+            )
+        raise ValueError(f"--remat {self.mode!r} is not one of {', '.join(REMAT_MODES)}")

@@ -1,0 +1,154 @@
+"""ZeRO stages 1–3 over the ``data`` axis (Rajbhandari et al. 2020, "ZeRO: Memory Optimizations
+Toward Training Trillion Parameter Models", arXiv 1910.02054).
+
+Design: ``data`` is not a gradient axis of any kernel. The step runs in one ``jax.shard_map`` in
+which every mesh axis is manual (:mod:`colossal_jax.step`); on entry every parameter is cast to
+*varying* over ``data`` (:func:`enter`), so the kernels' own weight-gradient reductions cover only
+their tensor and sequence axes and each device's gradient is its batch shard's partial sum. One
+place, :func:`reduce`, then owns the reduction over ``data``, per stage:
+
+- stage 0/1: ``psum`` (all-reduce, ``2(N−1)/N·Ψ`` elements per device); stage 1 shards only the
+  optimizer state (by the sharding of ``opt_state``; the update runs on shards and the new
+  parameters are all-gathered by the compiler);
+- stage 2: ``psum_scatter`` (reduce-scatter, ``(N−1)/N·Ψ``): each device keeps ``Ψ/N`` of the
+  gradient, the optimizer updates that shard, and the parameters are all-gathered after the
+  update (``(N−1)/N·Ψ``): the same volume as stage 0's all-reduce;
+- stage 3: parameters are *stored* as ``Ψ/N`` shards. Each layer's weights are all-gathered inside
+  the scanned stack just before the layer runs (:func:`gather_layer`, installed as the stack's
+  ``prepare_layer`` hook) and dropped after it; the backward pass gathers them again (the layer is
+  rematerialised) and the gather's transpose is the reduce-scatter of that layer's gradient, so
+  only one layer's full weights (and gradient) is alive at a time. Volume ``3(N−1)/N·Ψ`` per step
+  (two all-gathers, one reduce-scatter): 1.5× stage 0. The embedding, final norm and head (not
+  stacked) are gathered whole at the start.
+
+The dimension sharded over ``data`` is the one :func:`colossal_jax.sharding.zero_spec` picks (the
+first that divides after the tensor split; never the layer dimension); a parameter with no such
+dimension stays replicated (:func:`leftovers` lists them) and is all-reduced as in stage 0.
+
+Why this design rather than teaching every kernel the stage: the kernels keep one job (tensor and
+sequence parallelism), the stage is one argument of three small functions here, and the same
+functions serve the pipeline, gradient accumulation and every tensor mode.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+from flax import nnx
+from jax.ad_checkpoint import checkpoint_name
+from jax.sharding import Mesh
+
+from colossal_jax.layers.stack import is_stacked
+from colossal_jax.sharding import _axes_of, is_variable, variable_spec, zero_spec
+from colossal_jax.tensor.kernels import varying
+from colossal_jax.tensor.layout import TensorLayout
+
+AXIS = "data"
+ZERO_STAGES = (0, 1, 2, 3)
+GATHERED = "zero3_gathered"
+GATHERED_NAMES = (GATHERED,)
+"""``checkpoint_name`` of a gathered ZeRO-3 weight: never saved for the backward pass."""
+
+
+def zero_dim(
+    variable: nnx.Variable, layout: TensorLayout, *, layer_entry: str | None
+) -> int | None:
+    """The dimension of ``variable`` that ZeRO shards over ``data`` (``None``: it stays
+    replicated, because no dimension divides or ``data`` is 1)."""
+    if variable.get_metadata().get("role") is None:
+        return None
+    spec = variable_spec(variable, layout, layer_entry=layer_entry)
+    shape = tuple(variable.get_value().shape)
+    skip = 1 if is_stacked(variable) else 0
+    zspec = zero_spec(spec, shape, layout.mesh, AXIS, skip=skip)
+    entries = list(spec) + [None] * (len(shape) - len(spec))
+    for dim, (before, after) in enumerate(zip(entries, zspec, strict=True)):
+        if AXIS in _axes_of(after) and AXIS not in _axes_of(before):
+            return dim
+    return None
+
+
+def zero_dims(tree: Any, layout: TensorLayout, *, layer_entry: str | None = None) -> Any:
+    """:func:`zero_dim` of every Variable of ``tree`` (an nnx State), as a tree of the same
+    structure (``None`` for leaves that are not parameters)."""
+    return jax.tree.map(
+        lambda v: zero_dim(v, layout, layer_entry=layer_entry) if is_variable(v) else None,
+        tree,
+        is_leaf=is_variable,
+    )
+
+
+def leftovers(tree: Any, layout: TensorLayout, *, layer_entry: str | None = None) -> list[str]:
+    """Paths of the parameters that ZeRO leaves replicated over ``data`` (no dimension divides)."""
+    if layout.mesh.shape.get(AXIS, 1) == 1:
+        return []
+    out = []
+    for path, v in jax.tree_util.tree_flatten_with_path(tree, is_leaf=is_variable)[0]:
+        if is_variable(v) and zero_dim(v, layout, layer_entry=layer_entry) is None:
+            out.append("/".join(str(getattr(k, "key", k)) for k in path))
+    return out
+
+
+def _map(f, tree: Any, dims: Any) -> Any:
+    """``f(leaf, dim, stacked)`` over the Variables of ``tree`` with their ZeRO dims."""
+
+    def one(v, d):
+        if not is_variable(v):
+            return v
+        return v.replace(f(v.get_value(), d, is_stacked(v)))
+
+    return jax.tree.map(one, tree, dims, is_leaf=is_variable)
+
+
+def enter(params: Any, dims: Any, stage: int) -> Any:
+    """Inside the all-manual step: cast every parameter varying over ``data`` so no kernel
+    reduces its gradient over ``data`` (stage 3's sharded leaves already vary over it)."""
+    return _map(
+        lambda a, d, _: a if (stage == 3 and d is not None) else varying(a, (AXIS,)), params, dims
+    )
+
+
+def gather(a: jax.Array, dim: int) -> jax.Array:
+    """All-gather a ZeRO-3 shard over ``data`` along ``dim`` (transpose: reduce-scatter)."""
+    return checkpoint_name(jax.lax.all_gather(a, AXIS, axis=dim, tiled=True), GATHERED)
+
+
+def gather_rest(params: Any, dims: Any) -> Any:
+    """Stage 3: the whole unstacked parameters (embedding, norms, head) from their shards."""
+    return _map(lambda a, d, stacked: a if (d is None or stacked) else gather(a, d), params, dims)
+
+
+def gather_layer(layer_dims: list[int | None]):
+    """Stage 3's ``prepare_layer`` hook: gather one layer's weights (``layer_dims``: each stacked
+    leaf's ZeRO dimension, in the flattening order of the stack's layer state)."""
+
+    def prepare(layer_state: Any) -> Any:
+        leaves, treedef = jax.tree.flatten(layer_state)
+        if len(leaves) != len(layer_dims):
+            raise ValueError(
+                f"ZeRO-3: a layer has {len(leaves)} parameters but {len(layer_dims)} dims"
+            )
+        leaves = [a if d is None else gather(a, d - 1) for a, d in zip(leaves, layer_dims)]
+        return jax.tree.unflatten(treedef, leaves)
+
+    return prepare
+
+
+def reduce(grads: Any, dims: Any, stage: int) -> Any:
+    """The one reduction of the gradients over ``data``: all-reduce (stages 0–1, and leftovers),
+    reduce-scatter along the ZeRO dim (stage 2); stage 3's sharded leaves were reduce-scattered
+    by the transpose of their gathers and pass through."""
+
+    def one(g, d, _):
+        if d is None or stage <= 1:
+            return jax.lax.psum(g, AXIS)
+        if stage == 2:
+            return jax.lax.psum_scatter(g, AXIS, scatter_dimension=d, tiled=True)
+        return g
+
+    return _map(one, grads, dims)
+
+
+def sizes(mesh: Mesh) -> int:
+    return mesh.shape.get(AXIS, 1)
