@@ -13,9 +13,9 @@ import sys
 
 from colossal_jax import preflight
 from colossal_jax.config import (
+    OFFLOADS,
     OPTIMIZERS,
     PIPELINES,
-    OFFLOADS,
     PRECISIONS,
     REMATS,
     SEQ_MODES,

@@ -35,8 +35,8 @@ from colossal_jax.metrics import MetricsWriter, device_memory, peak_flops
 from colossal_jax.optim import make_optimizer, schedule
 from colossal_jax.sharding import make_layout, make_local_attention, tree_shardings
 from colossal_jax.step import sharded_value_and_grad, stack_layer_dims
-from colossal_jax.zero import zero_dims
 from colossal_jax.tensor.layout import LocalAttention, TensorLayout
+from colossal_jax.zero import zero_dims
 from models.gpt import GPT, GPTConfig, model_config
 
 

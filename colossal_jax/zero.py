@@ -129,7 +129,9 @@ def gather_layer(layer_dims: list[int | None]):
             raise ValueError(
                 f"ZeRO-3: a layer has {len(leaves)} parameters but {len(layer_dims)} dims"
             )
-        leaves = [a if d is None else gather(a, d - 1) for a, d in zip(leaves, layer_dims)]
+        leaves = [
+            a if d is None else gather(a, d - 1) for a, d in zip(leaves, layer_dims, strict=True)
+        ]
         return jax.tree.unflatten(treedef, leaves)
 
     return prepare

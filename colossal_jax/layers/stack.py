@@ -53,8 +53,8 @@ class StackOptions:
     prepare_layer: Callable[[Any], Any] | None = None
 
 
-_OPTIONS: contextvars.ContextVar[StackOptions] = contextvars.ContextVar(
-    "colossal_jax_stack_options", default=StackOptions()
+_OPTIONS: contextvars.ContextVar[StackOptions | None] = contextvars.ContextVar(
+    "colossal_jax_stack_options", default=None
 )
 
 
@@ -132,7 +132,7 @@ def apply_layers(
     if unroll is None:
         unroll = n <= UNROLL_UP_TO
 
-    options = _OPTIONS.get()
+    options = _OPTIONS.get() or StackOptions()
 
     def layer(h, layer_state):
         h = checkpoint_name(h, LAYER_INPUT)
