@@ -165,6 +165,8 @@ class Run:
     grad_shardings: Any = None
     zero_dims: Any = None
     layer_dims: list | None = None
+    device_param_shardings: Any = None
+    device_opt_shardings: Any = None
 
 
 def build(cfg: TrainConfig) -> Run:
@@ -209,6 +211,12 @@ def build(cfg: TrainConfig) -> Run:
     opt_shardings = tree_shardings(
         abstract_opt, layout, zero_axis=zero_axis, layer_entry=layer_entry
     )
+    # --offload: where the state lives between steps (the step brings it to the device)
+    device_param_shardings, device_opt_shardings = param_shardings, opt_shardings
+    if cfg.offload in ("optimizer", "params"):
+        opt_shardings = on_host(opt_shardings)
+    if cfg.offload == "params":
+        param_shardings = on_host(param_shardings)
     schedule = None
     if cfg.parallel.pipelined:
         from colossal_jax.pipeline.schedule import build as build_schedule
@@ -249,7 +257,29 @@ def build(cfg: TrainConfig) -> Run:
         grad_shardings=grad_shardings,
         zero_dims=zero_dims(abstract_params, layout, layer_entry=layer_entry),
         layer_dims=stack_layer_dims(graphdef, abstract_params, layout),
+        device_param_shardings=device_param_shardings,
+        device_opt_shardings=device_opt_shardings,
     )
+
+
+HOST = "pinned_host"
+
+
+def on_host(shardings: Any) -> Any:
+    """The same shardings in the host's ``pinned_host`` memory (``--offload``)."""
+    return jax.tree.map(
+        lambda s: s.with_memory_kind(HOST),
+        shardings,
+        is_leaf=lambda x: isinstance(x, NamedSharding),
+    )
+
+
+def to_device(tree: Any, device_shardings: Any, shardings: Any) -> Any:
+    """Inside a jitted step: bring host-resident (offloaded) state to device memory; a no-op for
+    state that already lives there."""
+    if device_shardings is shardings:
+        return tree
+    return jax.device_put(tree, device_shardings)
 
 
 def init_state(run: Run) -> tuple[Any, Any]:
@@ -333,8 +363,11 @@ def make_eval_step(run: Run) -> Callable:
         def loss_fn(params, batch):
             return value_and_grad(params, batch)[0]
 
+    def on_device_loss(params, batch):
+        return loss_fn(to_device(params, run.device_param_shardings, run.param_shardings), batch)
+
     batch_shardings = {k: run.batch_sharding for k in ("tokens", "targets", "positions", "weights")}
-    return jax.jit(loss_fn, in_shardings=(run.param_shardings, batch_shardings))
+    return jax.jit(on_device_loss, in_shardings=(run.param_shardings, batch_shardings))
 
 
 def eval_data(run: Run) -> list[dict[str, jax.Array]]:
@@ -390,6 +423,8 @@ def make_train_step(run: Run) -> Callable:
         return _jit_step(run, _loss_scaled_step(run, value_and_grad))
 
     def step(params, opt_state, batch):
+        params = to_device(params, run.device_param_shardings, run.param_shardings)
+        opt_state = to_device(opt_state, run.device_opt_shardings, run.opt_shardings)
         loss, grads = value_and_grad(params, batch)
         grad_norm = optax.tree.norm(grads)
         updates, opt_state = run.tx.update(grads, opt_state, params)
@@ -405,6 +440,8 @@ def _loss_scaled_step(run: Run, value_and_grad: Callable) -> Callable:
     from colossal_jax import loss_scale as ls
 
     def step(params, opt_state, batch):
+        params = to_device(params, run.device_param_shardings, run.param_shardings)
+        opt_state = to_device(opt_state, run.device_opt_shardings, run.opt_shardings)
         scale_state = opt_state.loss_scale
         loss, grads = value_and_grad(params, batch, scale_state.scale)
         grads, finite = ls.unscale_and_check(scale_state, grads)
