@@ -36,7 +36,7 @@ from colossal_jax.optim import make_optimizer, schedule
 from colossal_jax.sharding import make_layout, make_local_attention, tree_shardings
 from colossal_jax.step import sharded_value_and_grad, stack_layer_dims
 from colossal_jax.tensor.layout import LocalAttention, TensorLayout
-from colossal_jax.zero import zero_dims
+from colossal_jax.zero import leftovers, zero_dims
 from models.gpt import GPT, GPTConfig, model_config
 
 
@@ -263,6 +263,12 @@ def build(cfg: TrainConfig) -> Run:
 
 
 HOST = "pinned_host"
+
+
+def replicated_leftovers(run: Run) -> list[str]:
+    """Parameters ZeRO cannot shard over ``data`` (no dimension divides); they stay whole."""
+    entry = "pipe" if run.cfg.parallel.pipelined else None
+    return leftovers(run.abstract_params, run.layout, layer_entry=entry)
 
 
 def on_host(shardings: Any) -> Any:
@@ -556,6 +562,11 @@ def train(
             f"{cfg.optim.name} lr={cfg.optim.lr} precision={cfg.precision}"
         )
 
+        if cfg.parallel.zero >= 1 and (rest := replicated_leftovers(run)):
+            log(
+                f"ZeRO-{cfg.parallel.zero}: {len(rest)} parameter(s) have no dimension divisible "
+                f"by data={cfg.parallel.data} and stay replicated: {', '.join(rest)}"
+            )
     ckpt = Checkpointer(cfg.checkpoint_dir, cfg.checkpoint_every) if cfg.checkpoint_dir else None
     params, opt_state = init_state(run)
     start_step = 0
@@ -643,6 +654,9 @@ def train(
                 "tokens_per_s": tps,
                 "mfu": mfu,
             }
+            for key in ("loss_scale", "skipped_steps"):
+                if key in out:
+                    record[key] = out[key].item()
             if (mem := device_memory()) is not None:
                 record["peak_bytes_in_use"] = mem["peak_bytes_in_use"]
             evaluated = eval_fn is not None and (step % cfg.eval_every == 0 or step == cfg.steps)
