@@ -1,18 +1,23 @@
 """Command line of ``scripts/train.py`` (also installed as ``colossal-train``).
 
 JAX is imported only after the flags are parsed, so ``--devices N`` can set XLA_FLAGS to simulate
-N host devices on a CPU. Configuration errors print one line ``error: ...`` and exit with status 2.
+N host devices on a CPU, and only after every rule of :mod:`colossal_jax.rules` has passed when
+the device count is known without JAX (``--devices N``, or a ``--mesh`` that names ``data``).
+Configuration errors print one line ``error: ...`` and exit with status 2.
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import math
 import os
+import re
 import sys
 
-from colossal_jax import preflight
+from colossal_jax import preflight, rules
 from colossal_jax.config import (
+    AXES,
     OFFLOADS,
     OPTIMIZERS,
     PIPELINES,
@@ -249,19 +254,52 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def _setup_devices(args) -> None:
+def _setup_devices(args) -> bool:
+    """Simulate ``--devices`` (default 8) host devices; False if XLA_FLAGS already set a count."""
     n = args.devices if args.devices is not None else DEFAULT_CPU_DEVICES
     if n < 1:
         raise ConfigError(
             f"--devices {n} must be at least 1 (e.g. --devices {DEFAULT_CPU_DEVICES})"
         )
     flags = os.environ.get("XLA_FLAGS", "")
-    if "xla_force_host_platform_device_count" not in flags:
-        os.environ["XLA_FLAGS"] = f"{flags} --xla_force_host_platform_device_count={n}".strip()
+    if "xla_force_host_platform_device_count" in flags:
+        return False
+    os.environ["XLA_FLAGS"] = f"{flags} --xla_force_host_platform_device_count={n}".strip()
+    return True
+
+
+def devices_before_jax(args, devices_set: bool) -> int | None:
+    """The device count the run will have, where it is known without JAX: the simulated host
+    devices under ``JAX_PLATFORMS=cpu``, ``--devices N`` when :func:`_setup_devices` set it, or
+    else the size of a ``--mesh`` that names every axis it uses (``data`` included); None
+    otherwise."""
+    forced = re.search(
+        r"xla_force_host_platform_device_count=(\d+)", os.environ.get("XLA_FLAGS", "")
+    )
+    if os.environ.get("JAX_PLATFORMS") == "cpu" and forced:
+        return int(forced.group(1))
+    if args.devices is not None and devices_set:
+        return args.devices
+    if args.mesh is None or not args.mesh.strip():
+        return None
+    sizes = parse_mesh(
+        args.mesh, None, tensor_mode=args.tensor_mode or "none", tensor_depth=args.tensor_depth
+    )
+    return math.prod(sizes.get(a, 1) for a in AXES) if "data" in sizes else None
+
+
+def check_before_jax(args, n_devices: int) -> TrainConfig:
+    """Every rule of :mod:`colossal_jax.rules` for the run (the model sized for ``--data``),
+    except the memory floor, which needs the devices' memory."""
+    from colossal_jax.data import vocab_of
+
+    cfg = config_from_args(args, n_devices)
+    rules.check_with_model(cfg, rules.resolve_model(cfg, vocab_of(cfg.data)))
+    return cfg
 
 
 def _apply_sets(cfg: TrainConfig, sets: list[str]) -> TrainConfig:
-    from models.gpt import GPTConfig
+    from models.configs import GPTConfig
 
     model_types = field_types(GPTConfig)
     groups = {"optim": OptimConfig, "parallel": ParallelConfig}
@@ -318,7 +356,7 @@ def _coerce(key: str, value: str, annotation, example) -> object:
 
 
 def _check_model_name(name: str) -> None:
-    from models.gpt import MODELS
+    from models.configs import MODELS
 
     if name not in MODELS:
         raise ConfigError(
@@ -328,14 +366,14 @@ def _check_model_name(name: str) -> None:
 
 
 def _architecture(name: str, overrides: dict) -> dict:
-    from models.gpt import model_config
+    from models.configs import model_config
 
     return dataclasses.asdict(model_config(name, **overrides))
 
 
 def list_models() -> list[str]:
     from colossal_jax.data import BYTE_VOCAB
-    from models.gpt import MODELS
+    from models.configs import MODELS
 
     lines = [
         f"{'model':12s} {'layers':>6s} {'hidden':>6s} {'heads':>5s}  parameters with the default "
@@ -408,8 +446,7 @@ def config_from_args(args, n_devices: int) -> TrainConfig:
     )
     cfg = _apply_sets(cfg, args.set)
     _check_model_name(cfg.model)
-    cfg.parallel.validate(n_devices)
-    cfg.validate()
+    rules.check_config(cfg, n_devices=n_devices)
     return cfg
 
 
@@ -435,7 +472,9 @@ def main(argv: list[str] | None = None) -> int:
             print("\n".join(list_models()))
             return 0
         preflight.check_args(args)
-        _setup_devices(args)
+        devices_set = _setup_devices(args)
+        if (known := devices_before_jax(args, devices_set)) is not None:
+            check_before_jax(args, known)
         import jax
 
         if args.coordinator is not None:

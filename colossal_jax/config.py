@@ -1,7 +1,9 @@
-"""Configuration: frozen dataclasses, parsing of mesh strings and presets, validation.
+"""Configuration: frozen dataclasses, parsing of mesh strings and presets.
 
-Nothing here imports JAX, so a bad command line fails in well under a second with a message that
-names the bad value and a valid alternative (:class:`ConfigError`).
+The rules that decide whether a configuration is possible live in :mod:`colossal_jax.rules`; the
+``validate`` methods here call them. Nothing here imports JAX, so a bad command line fails in
+well under a second with a message that names the bad value and a valid alternative
+(:class:`ConfigError`).
 """
 
 from __future__ import annotations
@@ -107,99 +109,14 @@ class ParallelConfig:
         return self.microbatches if self.microbatches is not None else 2 * self.pipe
 
     def validate(self, n_devices: int | None = None) -> None:
-        for a, n in self.axis_sizes.items():
-            if not isinstance(n, int) or n < 1:
-                raise ConfigError(f"mesh axis {a}={n!r} must be a positive integer")
-        if self.tensor_mode not in TENSOR_MODES:
-            raise ConfigError(_choice("--tensor-mode", self.tensor_mode, TENSOR_MODES))
-        if self.seq_mode not in SEQ_MODES:
-            raise ConfigError(_choice("--seq-mode", self.seq_mode, SEQ_MODES))
-        if self.zero not in (0, 1, 2, 3):
-            raise ConfigError(f"--zero {self.zero} is not a ZeRO stage; use 0, 1, 2 or 3")
-        self._validate_pipeline()
-        if n_devices is not None and self.size != n_devices:
-            raise ConfigError(
-                f"the mesh {self.short()} has {self.size} devices but {n_devices} are available; "
-                f"make the axis sizes multiply to {n_devices} (e.g. data={n_devices})"
-            )
-        r, c, d = self.tensor_row, self.tensor_col, self.tensor_depth
-        mode = self.tensor_mode
-        if mode == "none" and self.tensor_size > 1:
-            raise ConfigError(
-                f"tensor axes {self.short(('tensor_row', 'tensor_col', 'tensor_depth'))} are set "
-                "but --tensor-mode is none; pass --tensor-mode 1d|2d|2.5d|3d"
-            )
-        if mode == "2d" and (r != c or d != 1):
-            raise ConfigError(
-                f"2d needs a square grid tensor_row == tensor_col and tensor_depth=1, got "
-                f"tensor_row={r}, tensor_col={c}, tensor_depth={d}; e.g. tensor_row=2,tensor_col=2"
-            )
-        if mode == "2.5d" and r != c:
-            raise ConfigError(
-                f"2.5d needs tensor_row == tensor_col (a q×q grid stacked tensor_depth times), got "
-                f"tensor_row={r}, tensor_col={c}"
-            )
-        if mode == "3d" and not (r == c == d):
-            raise ConfigError(
-                f"3d needs a cube tensor_row == tensor_col == tensor_depth, got {r}×{c}×{d}; "
-                "e.g. tensor=8 gives 2×2×2"
-            )
-        if self.seq_mode == "none" and self.seq > 1:
-            raise ConfigError(
-                f"seq={self.seq} but --seq-mode is none; pass --seq-mode ring|ulysses|"
-                "ring-self-attention"
-            )
+        """Raise :class:`ConfigError` for an impossible mesh or mode (:func:`rules.check_parallel`);
+        with ``n_devices``, also a mesh of another size."""
+        from colossal_jax import rules
 
-    def _validate_pipeline(self) -> None:
-        """The pipeline rules that need no model (the layer count is checked in train.py)."""
-        p, name, v = self.pipe, self.pipeline, self.virtual_stages
-        if name not in PIPELINES:
-            raise ConfigError(_choice("--pipeline", name, PIPELINES))
-        if p == 1:
-            if name != "none":
-                raise ConfigError(
-                    f"--pipeline {name} needs a pipe axis; add pipe=N to --mesh (e.g. "
-                    "--mesh pipe=2,data=4) or use --pipeline none"
-                )
-            if self.microbatches not in (None, 1) or v != 1:
-                raise ConfigError(
-                    "--microbatches/--virtual-stages apply to pipelines; add pipe=N to --mesh"
-                )
-            return
-        if name == "none":
-            raise ConfigError(
-                f"pipe={p} needs a schedule; use --pipeline 1f1b (the default), gpipe or "
-                "interleaved"
-            )
-        m = self.num_microbatches
-        if m < p:
-            raise ConfigError(
-                f"--microbatches {m} is smaller than pipe={p}: the pipeline would never fill; "
-                f"use --microbatches {p} or more (e.g. {2 * p})"
-            )
-        if name == "interleaved":
-            if v < 2:
-                raise ConfigError(
-                    f"--pipeline interleaved needs --virtual-stages 2 or more, got {v}; use "
-                    "--virtual-stages 2 (or --pipeline 1f1b)"
-                )
-            if m % p:
-                raise ConfigError(
-                    f"--pipeline interleaved sends microbatches in groups of pipe={p}; "
-                    f"--microbatches {m} is not a multiple of {p}; use --microbatches "
-                    f"{p * max(1, round(m / p))}"
-                )
-        elif v != 1:
-            raise ConfigError(
-                f"--virtual-stages {v} needs --pipeline interleaved (got --pipeline {name})"
-            )
+        rules.check_parallel(self, n_devices)
 
     def short(self, axes: tuple[str, ...] = AXES) -> str:
         return ",".join(f"{a}={getattr(self, a)}" for a in axes if getattr(self, a) != 1) or "1"
-
-
-def _choice(flag: str, value: Any, valid: tuple[str, ...]) -> str:
-    return f"{flag} {value!r} is not one of {', '.join(valid)}{suggest(value, valid, '; ')}"
 
 
 def suggest(value: Any, valid: Any, prefix: str = "", suffix: str = "") -> str:
@@ -213,45 +130,9 @@ def suggest(value: Any, valid: Any, prefix: str = "", suffix: str = "") -> str:
     return f"{prefix}did you mean {lowered[close[0]]!r}?{suffix}" if close else ""
 
 
-def _factor_tensor(total: int, mode: str, depth: int | None) -> dict[str, int]:
-    """Split the shorthand ``tensor=N`` into tensor_row/col/depth for ``mode``."""
-    if mode in ("none", "1d"):
-        if mode == "none" and total > 1:
-            raise ConfigError(
-                f"--mesh tensor={total} needs --tensor-mode 1d|2d|2.5d|3d to say how to split it; "
-                f"e.g. --mesh tensor={total} --tensor-mode 1d"
-            )
-        return {"tensor_row": total}
-    if mode == "2d":
-        q = math.isqrt(total)
-        if q * q != total:
-            raise ConfigError(
-                f"tensor={total} is not a square, as 2d needs (q×q); use tensor={q * q} or "
-                f"{(q + 1) ** 2}"
-            )
-        return {"tensor_row": q, "tensor_col": q}
-    if mode == "2.5d":
-        d = depth or 1
-        if total % d:
-            raise ConfigError(f"tensor={total} is not divisible by --tensor-depth {d}")
-        q = math.isqrt(total // d)
-        if q * q * d != total:
-            raise ConfigError(
-                f"tensor={total} is not q×q×{d} for any q; 2.5d needs tensor = q²·depth "
-                f"(e.g. tensor={4 * d} for q=2)"
-            )
-        return {"tensor_row": q, "tensor_col": q, "tensor_depth": d}
-    if mode == "3d":
-        q = round(total ** (1 / 3))
-        if q**3 != total:
-            raise ConfigError(f"tensor={total} is not a cube, as 3d needs (q×q×q); use 8 or 64")
-        return {"tensor_row": q, "tensor_col": q, "tensor_depth": q}
-    raise ConfigError(_choice("--tensor-mode", mode, TENSOR_MODES))
-
-
 def parse_mesh(
     spec: str | None,
-    n_devices: int,
+    n_devices: int | None,
     *,
     tensor_mode: str = "none",
     tensor_depth: int | None = None,
@@ -261,6 +142,7 @@ def parse_mesh(
     Hyphenated spellings (``tensor-row``) are accepted; ``tensor=N`` is a shorthand factored by
     the tensor mode. Unnamed axes are 1, except ``data``, which takes the remaining devices.
     Returns the axis sizes, plus ``tensor_mode``/``seq_mode``/``zero`` if a preset sets them.
+    With ``n_devices=None`` (not known yet) an unnamed ``data`` is left out of the result.
     """
     if tensor_depth is not None and tensor_depth < 1:
         raise ConfigError(
@@ -282,7 +164,7 @@ def parse_mesh(
     if tensor_depth is not None and (tensor_mode != "2.5d" or spec is None):
         raise ConfigError(_depth_alone(tensor_depth, spec, tensor_mode))
     if spec is None:
-        return {"data": n_devices}
+        return {"data": n_devices} if n_devices is not None else {}
     sizes: dict[str, int] = {}
     tensor_total: int | None = None
     for part in spec.split(","):
@@ -330,8 +212,10 @@ def parse_mesh(
         given = [a for a in ("tensor_row", "tensor_col", "tensor_depth") if a in sizes]
         if given:
             raise ConfigError(f"--mesh gives both tensor= and {given[0]}=; use one or the other")
-        sizes.update(_factor_tensor(tensor_total, tensor_mode, tensor_depth))
-    if "data" not in sizes:
+        from colossal_jax.rules import factor_tensor
+
+        sizes.update(factor_tensor(tensor_total, tensor_mode, tensor_depth))
+    if "data" not in sizes and n_devices is not None:
         rest = math.prod(sizes.values())
         if n_devices % rest:
             raise ConfigError(
@@ -371,7 +255,7 @@ def _preset_path(spec: str) -> Path | None:
     return None
 
 
-def _load_preset(path: Path, n_devices: int) -> dict[str, Any]:
+def _load_preset(path: Path, n_devices: int | None) -> dict[str, Any]:
     try:
         doc = tomllib.loads(path.read_text())
     except tomllib.TOMLDecodeError as e:
@@ -435,33 +319,11 @@ class OptimConfig:
     lars_trust: float = 0.001
 
     def validate(self) -> None:
-        """Values no optimizer can use: negative decay or clipping, moments outside [0, 1)."""
-        if self.warmup_steps < 0:
-            raise ConfigError(
-                f"--warmup-steps {self.warmup_steps} must be 0 or more (e.g. --warmup-steps 20)"
-            )
-        for flag, value, example, what in (
-            ("--weight-decay", self.weight_decay, "0.01", "0 turns it off"),
-            ("--clip-norm", self.clip_norm, "1.0", "0 turns clipping off"),
-            ("--set optim.eps=", self.eps, "1e-8", "added to the denominator"),
-            ("--set optim.min_lr_ratio=", self.min_lr_ratio, "0.1", "final lr / peak lr"),
-        ):
-            if not (math.isfinite(value) and value >= 0):
-                sep = "" if flag.endswith("=") else " "
-                raise ConfigError(
-                    f"{flag}{sep}{value} must be a finite number ≥ 0 ({what}); e.g. "
-                    f"{flag}{sep}{example}"
-                )
-        for key, value, example in (("b1", self.b1, 0.9), ("b2", self.b2, 0.95)):
-            if not 0 <= value < 1:
-                raise ConfigError(
-                    f"--set optim.{key}={value} must be in [0, 1); e.g. --set optim.{key}={example}"
-                )
-        if not (math.isfinite(self.lars_trust) and self.lars_trust > 0):
-            raise ConfigError(
-                f"--set optim.lars_trust={self.lars_trust} must be positive; e.g. "
-                "--set optim.lars_trust=0.001"
-            )
+        """Values no optimizer can use: negative decay or clipping, moments outside [0, 1)
+        (:func:`rules.check_optim`)."""
+        from colossal_jax import rules
+
+        rules.check_optim(self)
 
 
 @dataclass(frozen=True)
@@ -522,117 +384,13 @@ class TrainConfig:
     parallel: ParallelConfig = field(default_factory=ParallelConfig)
 
     def validate(self) -> None:
-        if self.steps < 1:
-            raise ConfigError(f"--steps {self.steps} must be at least 1 (e.g. --steps 100)")
-        if self.batch_size < 1:
-            raise ConfigError(
-                f"--batch-size {self.batch_size} must be at least 1 (e.g. --batch-size 16)"
-            )
-        if self.seq_len < 2:
-            raise ConfigError(f"--seq-len {self.seq_len} must be at least 2 (e.g. --seq-len 128)")
-        if self.precision not in PRECISIONS:
-            raise ConfigError(_choice("--precision", self.precision, PRECISIONS))
-        self._validate_memory_fields()
-        if self.attention not in ATTENTION_IMPLS:
-            raise ConfigError(_choice("--attention", self.attention, ATTENTION_IMPLS))
-        ring_kernel = self.parallel.seq > 1 and self.parallel.seq_mode in (
-            "ring",
-            "ring-self-attention",
-        )
-        if self.attention == "cudnn" and ring_kernel:
-            raise ConfigError(
-                f"--attention cudnn cannot run inside --seq-mode {self.parallel.seq_mode} (its "
-                "blocks are masked by position and combined by log-sum-exp); use --attention auto "
-                "or --seq-mode ulysses"
-            )
-        if self.optim.name not in OPTIMIZERS:
-            raise ConfigError(_choice("--optimizer", self.optim.name, OPTIMIZERS))
-        if not (math.isfinite(self.optim.lr) and self.optim.lr > 0):
-            raise ConfigError(f"--lr {self.optim.lr} must be positive and finite (e.g. --lr 3e-3)")
-        self.optim.validate()
-        if self.checkpoint_every < 1:
-            raise ConfigError(
-                f"--checkpoint-every {self.checkpoint_every} must be at least 1 "
-                "(e.g. --checkpoint-every 50)"
-            )
-        self._validate_run_fields()
-        if self.checkpoint_dir is not None:
-            p = Path(self.checkpoint_dir)
-            if p.exists() and not p.is_dir():
-                raise ConfigError(
-                    f"--checkpoint-dir {self.checkpoint_dir} exists and is not a directory; "
-                    "name a new or existing directory"
-                )
-        for flag, f in (("--metrics-file", self.metrics_file),):
-            if f is not None and Path(f).is_dir():
-                raise ConfigError(f"{flag} {f} is a directory; name a file")
+        """Raise :class:`ConfigError` for an impossible field (:func:`rules.check_config`
+        without a model) or an unusable output path (:mod:`colossal_jax.preflight`)."""
+        from colossal_jax import preflight, rules
 
-    def _validate_memory_fields(self) -> None:
-        """``--remat``, ``--grad-accum``, ``--offload`` and how they combine with ZeRO and the
-        pipeline."""
-        if self.remat not in REMATS:
-            raise ConfigError(_choice("--remat", self.remat, REMATS))
-        if self.offload not in OFFLOADS:
-            raise ConfigError(_choice("--offload", self.offload, OFFLOADS))
-        if not isinstance(self.grad_accum, int) or self.grad_accum < 1:
-            raise ConfigError(
-                f"--grad-accum {self.grad_accum} must be at least 1 (1: no accumulation; e.g. "
-                "--grad-accum 4)"
-            )
-        par = self.parallel
-        if self.offload == "params" and par.zero != 3:
-            raise ConfigError(
-                f"--offload params keeps ZeRO-3's parameter shards in host memory, but --zero is "
-                f"{par.zero}; add --zero 3, or use --offload optimizer"
-            )
-        if par.pipelined and par.zero >= 2:
-            raise ConfigError(
-                f"--zero {par.zero} with a pipeline (pipe={par.pipe}) is not built yet: the "
-                "pipeline executor reduces gradients over data itself; use --zero 1 with a "
-                "pipeline, or drop pipe from --mesh"
-            )
-        if par.pipelined and self.remat != "none":
-            raise ConfigError(
-                f"--remat {self.remat} with a pipeline (pipe={par.pipe}) is not built yet (the "
-                "executor keeps each chunk's residuals until its backward); use --remat none "
-                "with a pipeline, or drop pipe from --mesh"
-            )
-
-    def _validate_run_fields(self) -> None:
-        if not 0 <= self.seed < 2**63:
-            raise ConfigError(f"--seed {self.seed} must be in [0, 2**63) (e.g. --seed 0)")
-        if self.log_every < 1:
-            raise ConfigError(
-                f"--set log_every={self.log_every} must be at least 1 (e.g. --set log_every=10)"
-            )
-        if self.eval_every < 0:
-            raise ConfigError(
-                f"--eval-every {self.eval_every} must be 0 (off) or more (e.g. --eval-every 50)"
-            )
-        if self.eval_batches < 1:
-            raise ConfigError(
-                f"--set eval_batches={self.eval_batches} must be at least 1 (e.g. "
-                "--set eval_batches=4)"
-            )
-        if self.peak_tflops is not None and not (
-            math.isfinite(self.peak_tflops) and self.peak_tflops > 0
-        ):
-            raise ConfigError(
-                f"--peak-tflops {self.peak_tflops} must be a positive number of dense bf16 "
-                "TFLOP/s per device (e.g. --peak-tflops 989 for an H100)"
-            )
-        par = self.parallel
-        if par.seq_mode != "none" and par.seq == 1:
-            raise ConfigError(
-                f"--seq-mode {par.seq_mode} needs a seq axis, but the mesh {par.short()} has "
-                f"seq=1; add one, e.g. --mesh data=2,seq=4, or omit --seq-mode"
-            )
-        if par.tensor_mode != "none" and par.tensor_size == 1:
-            raise ConfigError(
-                f"--tensor-mode {par.tensor_mode} needs tensor axes, but the mesh {par.short()} "
-                f"has none; add them, e.g. --mesh tensor=4 --tensor-mode {par.tensor_mode}"
-                f"{' --tensor-depth 1' if par.tensor_mode == '2.5d' else ''}, or omit --tensor-mode"
-            )
+        rules.check_config(self)
+        for name in ("checkpoint_dir", "metrics_file"):
+            preflight.check_field(name, getattr(self, name))
 
 
 def warmup_note(cfg: TrainConfig) -> str | None:
@@ -652,47 +410,6 @@ def warmup_note(cfg: TrainConfig) -> str | None:
         f"steps, so the learning rate reaches --lr {cfg.optim.lr} only at the last step and "
         f"never decays ({hint})"
     )
-
-
-MODEL_SIZES = ("vocab_size", "block_size", "n_layer", "n_head", "n_embd", "mlp_ratio")
-
-
-def validate_model(model: Any, base: Any, overrides: dict[str, Any]) -> None:
-    """Model dimensions no mesh can fix. ``model`` and ``base`` (the named model) are GPTConfigs;
-    ``overrides`` the ``--set model.*`` values, so the message names the flag that was given."""
-    for key in MODEL_SIZES:
-        value = getattr(model, key)
-        if not isinstance(value, int) or value < 1:
-            raise ConfigError(
-                f"--set model.{key}={value} must be a positive integer; e.g. "
-                f"--set model.{key}={getattr(base, key)}"
-            )
-    for key, least in (("eps", 0.0), ("rope_theta", 1.0)):
-        value = getattr(model, key)
-        if not (math.isfinite(value) and value >= least):
-            raise ConfigError(
-                f"--set model.{key}={value} must be a finite number ≥ {least:g}; e.g. "
-                f"--set model.{key}={getattr(base, key)}"
-            )
-    h, heads = model.n_embd, model.n_head
-    if h % heads:
-        if "n_head" in overrides and "n_embd" not in overrides:
-            near = _near(heads, [d for d in range(1, h + 1) if h % d == 0])
-            raise ConfigError(
-                f"--set model.n_head={heads} does not divide model.n_embd={h}; use "
-                f"--set model.n_head={' or '.join(map(str, near))}"
-            )
-        lo = max(heads, h // heads * heads)
-        near = sorted({lo, h // heads * heads + heads} - {h})
-        raise ConfigError(
-            f"--set model.n_embd={h} is not divisible by model.n_head={heads}; use "
-            f"--set model.n_embd={' or '.join(map(str, near))}"
-        )
-    if model.position == "rope" and (h // heads) % 2:
-        raise ConfigError(
-            f"--set model.position=rope needs an even head size, but n_embd/n_head = {h}/{heads} "
-            f"= {h // heads}; use --set model.n_embd={h + heads} or --set model.position=learned"
-        )
 
 
 def param_count(m: Any) -> int:
@@ -715,40 +432,6 @@ def state_bytes(cfg: TrainConfig, m: Any) -> float:
     split = par.tensor_size * par.pipe
     opt_split = split * (par.data if par.zero >= 1 else 1)
     return 4 * n * 2 / split + 4 * n * slots / opt_split
-
-
-def check_memory(
-    cfg: TrainConfig, m: Any, capacity: int, sharing: int, models: dict[str, Any]
-) -> None:
-    """Refuse a model whose training state alone exceeds the memory: ``capacity`` bytes shared by
-    ``sharing`` devices (simulated CPU devices share the host's memory)."""
-    need = state_bytes(cfg, m)
-    if need * sharing <= capacity:
-        return
-    sized = {name: dataclasses.replace(b, vocab_size=m.vocab_size) for name, b in models.items()}
-    fits = sorted(
-        (param_count(b), name)
-        for name, b in sized.items()
-        if state_bytes(cfg, b) * sharing <= capacity
-    )
-    where = (
-        f"the {sharing} devices of this host share {capacity / 1e9:.1f} GB"
-        if sharing > 1
-        else f"a device has {capacity / 1e9:.1f} GB"
-    )
-    alternative = f"e.g. --model {fits[-1][1]}" if fits else "a smaller --model"
-    raise ConfigError(
-        f"--model {cfg.model} ({param_count(m) / 1e9:.2f}B parameters) needs at least "
-        f"{need / 1e9:.1f} GB per device for fp32 parameters, gradients and {cfg.optim.name} "
-        f"state on the mesh {cfg.parallel.short()}, but {where}; use {alternative}, more tensor "
-        "parallelism, or --zero 1"
-    )
-
-
-def _near(x: int, candidates: list[int]) -> list[int]:
-    below = [c for c in candidates if c < x]
-    above = [c for c in candidates if c > x]
-    return ([below[-1]] if below else []) + ([above[0]] if above else [])
 
 
 def coerce(value: str, annotation: Any) -> Any:

@@ -95,6 +95,17 @@ def load_corpus(spec: str) -> Corpus:
     return Corpus(path.name, encode(data), BYTE_VOCAB)
 
 
+def vocab_of(spec: str) -> int | None:
+    """The vocabulary size :func:`load_corpus` would report, without reading a text corpus:
+    bytes for ``stdlib`` and text files, None for ``synthetic``, the largest id + 1 of a
+    ``.npy`` file (which is read)."""
+    if spec == "synthetic":
+        return None
+    if spec != "stdlib" and Path(spec).suffix == ".npy":
+        return load_corpus(spec).vocab_size
+    return BYTE_VOCAB
+
+
 BINARY_SUFFIXES = (".bin", ".npz", ".pt", ".pth", ".safetensors", ".parquet", ".arrow", ".pkl")
 _SAVE_HINT = "save token ids with np.save(path, ids.astype(np.int32))"
 

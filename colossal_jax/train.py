@@ -33,115 +33,42 @@ from colossal_jax.layers import use_parallelism
 from colossal_jax.mesh import build_mesh
 from colossal_jax.metrics import MetricsWriter, device_memory, peak_flops
 from colossal_jax.optim import make_optimizer, schedule
+from colossal_jax.rules import resolve_model
 from colossal_jax.sharding import make_layout, make_local_attention, tree_shardings
 from colossal_jax.step import sharded_value_and_grad, stack_layer_dims
 from colossal_jax.tensor.layout import LocalAttention, TensorLayout
 from colossal_jax.zero import leftovers, zero_dims
-from models.gpt import GPT, GPTConfig, model_config
-
-
-def resolve_model(cfg: TrainConfig, data_vocab: int | None) -> GPTConfig:
-    """The model config: the named one, the data's vocabulary, then ``--set model.*``."""
-    overrides = dict(cfg.model_overrides)
-    if data_vocab is not None and "vocab_size" not in overrides:
-        overrides["vocab_size"] = data_vocab
-    try:
-        model = model_config(cfg.model, **overrides)
-    except KeyError as e:
-        raise ConfigError(e.args[0]) from None
-    except (TypeError, ValueError) as e:
-        raise ConfigError(f"--set model.*: {e}") from None
-    return model
+from models.gpt import GPT, GPTConfig
 
 
 def validate_run(cfg: TrainConfig, model: GPTConfig, layout: TensorLayout) -> None:
-    """Every divisibility the chosen mesh and modes need, checked before anything compiles."""
+    """The rules of a run that need the model, checked before anything compiles: those of
+    :mod:`colossal_jax.rules` (``cfg`` itself was validated by :meth:`TrainConfig.validate`),
+    with the memory the devices report as the capacity, and the one that needs the backend:
+    the attention kernel. ``layout`` is the run's (its split is the rules' ``tensor_split``)."""
+    from colossal_jax import rules
+    from colossal_jax.sequence.fused import resolve
+
+    rules.check_with_model(cfg, model, device_capacity(cfg.parallel.size))
+    try:
+        resolve(cfg.attention, jnp.bfloat16 if cfg.precision == "bf16" else jnp.float32)
+    except ValueError as e:
+        raise ConfigError(f"{e} (model {cfg.model}, tensor_mode={layout.mode})") from None
+
+
+def device_capacity(mesh_size: int) -> tuple[int, int] | None:
+    """``(bytes, devices sharing them)`` of the first local device: its memory limit, or on a CPU
+    the host's memory shared by the simulated devices the mesh uses; None if unknown."""
     import os
 
-    from colossal_jax.config import check_memory, validate_model
-    from models.gpt import MODELS
-
-    validate_model(model, MODELS[cfg.model], cfg.model_overrides)
     device = jax.local_devices()[0]
     stats = device.memory_stats() or {}
     if "bytes_limit" in stats:
-        check_memory(cfg, model, int(stats["bytes_limit"]), 1, MODELS)
-    elif device.platform == "cpu" and hasattr(os, "sysconf"):
+        return int(stats["bytes_limit"]), 1
+    if device.platform == "cpu" and hasattr(os, "sysconf"):
         host = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-        check_memory(cfg, model, host, min(cfg.parallel.size, jax.local_device_count()), MODELS)
-    par = cfg.parallel
-    if cfg.seq_len > model.block_size:
-        raise ConfigError(
-            f"--seq-len {cfg.seq_len} exceeds the model's block_size {model.block_size}; use "
-            f"--seq-len {model.block_size} or --set model.block_size={cfg.seq_len}"
-        )
-    split = layout.batch_divisor()
-    if cfg.batch_size % split:
-        good = split * max(1, round(cfg.batch_size / split))
-        raise ConfigError(
-            f"--batch-size {cfg.batch_size} is not divisible by the {split} batch shards of the "
-            f"mesh ({par.short()}, tensor_mode={par.tensor_mode}); use --batch-size {good}"
-        )
-    if cfg.grad_accum > 1 and not par.pipelined and cfg.batch_size % (split * cfg.grad_accum):
-        good = split * cfg.grad_accum * max(1, round(cfg.batch_size / (split * cfg.grad_accum)))
-        raise ConfigError(
-            f"--batch-size {cfg.batch_size} does not divide into --grad-accum {cfg.grad_accum} "
-            f"microbatches over the {split} batch shards ({split}·{cfg.grad_accum} = "
-            f"{split * cfg.grad_accum}); use --batch-size {good} or a smaller --grad-accum"
-        )
-    seq_split = par.seq * (2 if par.seq_mode == "ring" and par.seq > 1 else 1)
-    if cfg.seq_len % seq_split:
-        why = "2·seq zigzag chunks" if seq_split != par.seq else "seq"
-        raise ConfigError(
-            f"--seq-len {cfg.seq_len} is not divisible by {seq_split} ({why}); use "
-            f"--seq-len {seq_split * max(1, cfg.seq_len // seq_split)}"
-        )
-    if par.pipelined:
-        m = par.num_microbatches * cfg.grad_accum
-        chunks = par.pipe * par.virtual_stages
-        if model.n_layer % chunks:
-            good = chunks * max(1, round(model.n_layer / chunks))
-            what = f"pipe={par.pipe}" + (
-                f" × virtual_stages={par.virtual_stages}" if par.virtual_stages > 1 else ""
-            )
-            raise ConfigError(
-                f"n_layer={model.n_layer} does not split into {chunks} equal pipeline chunks "
-                f"({what}); use --set model.n_layer={good} or another pipe size"
-            )
-        if cfg.batch_size % (split * m):
-            good = split * m * max(1, round(cfg.batch_size / (split * m)))
-            raise ConfigError(
-                f"--batch-size {cfg.batch_size} does not divide into {m} microbatches over the "
-                f"{split} batch shards ({split}·{m} = {split * m}); use --batch-size {good} or "
-                "fewer --microbatches" + (" / --grad-accum" if cfg.grad_accum > 1 else "")
-            )
-    if par.seq_mode == "ulysses" and par.seq > 1:
-        head_split = layout.axis_size(layout.wide_spec()[2])
-        local_heads = model.n_head // max(head_split, 1)
-        if local_heads % par.seq:
-            raise ConfigError(
-                f"ulysses needs the heads per tensor shard ({local_heads}) divisible by seq="
-                f"{par.seq}; use --seq-mode ring or n_head divisible by {par.seq * head_split}"
-            )
-    try:
-        from colossal_jax.sequence.fused import resolve
-
-        resolve(cfg.attention, jnp.bfloat16 if cfg.precision == "bf16" else jnp.float32)
-        layout.validate(
-            hidden=model.n_embd, mlp=model.mlp_width, heads=model.n_head, vocab=model.vocab_size
-        )
-        if model.position == "learned" and model.block_size % max(1, _embedding_split(layout)):
-            raise ValueError(
-                f"block_size {model.block_size} is not divisible by the embedding split "
-                f"{_embedding_split(layout)}"
-            )
-    except ValueError as e:
-        raise ConfigError(f"{e} (model {cfg.model}, tensor_mode={par.tensor_mode})") from None
-
-
-def _embedding_split(layout: TensorLayout) -> int:
-    first = layout.embedding_spec()[0] if len(layout.embedding_spec()) else None
-    return layout.axis_size(first)
+        return host, min(mesh_size, jax.local_device_count())
+    return None
 
 
 @dataclass

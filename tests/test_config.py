@@ -65,7 +65,7 @@ def test_shorthand_rejects_non_square_2d():
         (ParallelConfig(pipe=2, data=4, pipeline="none"), "needs a schedule"),
         (ParallelConfig(pipe=4, data=2, microbatches=2), "--microbatches 2"),
         (ParallelConfig(data=4, seq=2), "--seq-mode"),
-        (ParallelConfig(data=8, zero=3), "--zero 3"),
+        (ParallelConfig(data=8, zero=4), "--zero 4"),
     ],
 )
 def test_impossible_parallel_configs(cfg, match):

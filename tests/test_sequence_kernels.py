@@ -93,7 +93,7 @@ def test_ring_self_attention_matches_reference(p, causal):
 
 
 def test_ulysses_rejects_indivisible_heads():
-    with pytest.raises(ValueError, match=r"heads \(4\).*p=8"):
+    with pytest.raises(ValueError, match=r"heads per tensor shard \(4\).*p=8"):
         _check(ulysses_attention, 8, True, b=1, s=16, a=4, d=8)
 
 
@@ -101,7 +101,7 @@ def test_zigzag_permutation_layout_and_errors():
     order = zigzag_permutation(16, 4)  # chunks of 2: device i gets chunks i and 7 - i
     assert order.tolist() == [0, 1, 14, 15, 2, 3, 12, 13, 4, 5, 10, 11, 6, 7, 8, 9]
     assert sorted(order.tolist()) == list(range(16))
-    with pytest.raises(ValueError, match=r"seq_len=20.*2\*p=8.*16 or 24"):
+    with pytest.raises(ValueError, match=r"--seq-len 20 .*2\*p=8.*16 or 24"):
         zigzag_permutation(20, 4)
 
 

@@ -138,8 +138,8 @@ def test_remat_leaves_the_losses_unchanged(zero0_losses, remat):
 
 
 def test_zero3_stores_parameters_sharded_and_lists_leftovers():
-    cfg = dataclasses.replace(_cfg(data=8, zero=3), model_overrides={**_cfg().model_overrides,
-                                                                     "n_embd": 66, "n_head": 3})  # fmt: skip
+    model = {**_cfg().model_overrides, "n_embd": 66, "n_head": 3}
+    cfg = dataclasses.replace(_cfg(data=8, zero=3), model_overrides=model)
     run = T.build(cfg)
     rest = T.replicated_leftovers(run)
     assert rest and all("/" in r for r in rest)

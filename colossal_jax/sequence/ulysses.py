@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import jax
 
+from colossal_jax.rules import check_ulysses_heads
 from colossal_jax.sequence.fused import fused_attention
 from colossal_jax.sequence.local import dot_product_attention
 
@@ -55,11 +56,7 @@ def ulysses_attention(
     """
     p = jax.lax.axis_size(axis_name)
     heads = q.shape[2]
-    if heads % p != 0:
-        raise ValueError(
-            f"ulysses attention needs the number of heads ({heads}) divisible by the "
-            f"sequence-parallel size p={p} of axis {axis_name!r}"
-        )
+    check_ulysses_heads(heads, p)
 
     def seq_to_heads(x: jax.Array) -> jax.Array:
         return jax.lax.all_to_all(x, axis_name, split_axis=2, concat_axis=1, tiled=True)

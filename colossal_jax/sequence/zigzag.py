@@ -21,18 +21,12 @@ from __future__ import annotations
 
 import numpy as np
 
+from colossal_jax.rules import check_seq_split
+
 
 def _check(seq_len: int, p: int) -> int:
-    if p < 1:
-        raise ValueError(f"the number of sequence-parallel devices p={p} must be >= 1")
-    if seq_len <= 0 or seq_len % (2 * p) != 0:
-        lower = (seq_len // (2 * p)) * (2 * p)
-        upper = lower + 2 * p
-        alt = f"{upper}" if lower <= 0 else f"{lower} or {upper}"
-        raise ValueError(
-            f"seq_len={seq_len} is not divisible by 2*p={2 * p} (zigzag needs 2p equal chunks "
-            f"for p={p}); use seq_len={alt}"
-        )
+    """The chunk size ``seq_len / (2p)``, after the rule of :func:`rules.check_seq_split`."""
+    check_seq_split(seq_len, p, zigzag=True)
     return seq_len // (2 * p)
 
 

@@ -19,7 +19,8 @@ Shapes (global):
 - tokens, targets, positions, loss weights: ``[b, s]`` in :meth:`TensorLayout.token_spec`
   (batch split like the residual stream's batch, replicated over the hidden-splitting axes).
 
-Kernel modules import nothing from the rest of the package.
+Kernel modules import nothing from the rest of the package but :mod:`colossal_jax.rules`, whose
+functions they call where a kernel needs a configuration rule.
 """
 
 from __future__ import annotations
@@ -35,6 +36,8 @@ import jax
 import jax.numpy as jnp
 from jax.sharding import Mesh
 from jax.sharding import PartitionSpec as P
+
+from colossal_jax import rules
 
 LinearKind = Literal["in", "out"]
 """``"in"``: hidden -> wide (QKV projections, MLP up-projection, LM head; Megatron *column*).
@@ -145,31 +148,13 @@ def vocab_parallel_cross_entropy(
     return jnp.sum(loss * w), jnp.sum(w)
 
 
-def check_divisible(what: str, needs: tuple[tuple[str, int, int], ...], heads: int) -> None:
-    """Raise ``ValueError`` for the first ``(name, value, divisor)`` with ``value % divisor``,
-    naming the value, the split ``what`` that needs it and a valid alternative."""
-    for name, value, div in needs:
-        if value % div == 0:
-            continue
-        up = -(-value // div) * div
-        hint = {
-            "heads": f"--set model.n_head={up}",
-            "vocab size": f"--set model.vocab_size={up}",
-            "hidden size": f"--set model.n_embd={up} (a multiple of heads={heads} too)",
-            "mlp width": f"a model.n_embd whose mlp width (mlp_ratio·n_embd) divides by {div}",
-        }[name]
-        raise ValueError(
-            f"{what} needs {name} divisible by {div}, got {value}; use {hint} or a smaller "
-            "tensor split"
-        )
-
-
 class TensorLayout(abc.ABC):
     """How one tensor-parallel mode splits and computes a transformer.
 
     Subclasses set :attr:`mode` and implement the abstract methods. Constructors validate nothing
-    expensive; :meth:`validate` checks model dimensions against the grid and raises ``ValueError``
-    naming the bad value and what would divide.
+    expensive; :meth:`validate` checks model dimensions against the grid with the rule of
+    :mod:`colossal_jax.rules` and raises its ``ConfigError`` (a ``ValueError``) naming the bad
+    value and what would divide.
     """
 
     mode: str = ""
@@ -200,9 +185,14 @@ class TensorLayout(abc.ABC):
     def batch_divisor(self) -> int:
         """How many pieces the batch dimension is split into (data axes times the mode's own)."""
 
-    @abc.abstractmethod
+    def tensor_split(self) -> rules.TensorSplit:
+        """What this mode divides on this mesh (:func:`colossal_jax.rules.tensor_split`)."""
+        sizes = (self.mesh.shape.get(a, 1) for a in rules.TENSOR_AXES)
+        return rules.tensor_split(self.mode, *sizes)
+
     def validate(self, *, hidden: int, mlp: int, heads: int, vocab: int) -> None:
         """Raise ``ValueError`` if the model dimensions do not fit this layout's grid."""
+        rules.check_split(self.tensor_split(), hidden=hidden, mlp=mlp, heads=heads, vocab=vocab)
 
     # ---- specs -------------------------------------------------------------------------------
     @abc.abstractmethod
@@ -295,11 +285,7 @@ def attention_in_shard_map(
     ``head_split`` ways, so each device holds ``heads // head_split`` whole heads."""
     wide = layout.wide_spec()
     tokens = layout.token_spec()
-    if heads % head_split:
-        raise ValueError(
-            f"{layout.mode} splits attention heads {head_split} ways; heads={heads} is not "
-            f"divisible by {head_split}"
-        )
+    rules.check_head_split(layout.mode, heads, head_split)
     local_heads = heads // head_split
 
     def body(q, k, v, pos):

@@ -22,7 +22,6 @@ from colossal_jax.tensor.grid import GridLayout
 from colossal_jax.tensor.kernels import varying
 from colossal_jax.tensor.layout import (
     LinearKind,
-    check_divisible,
     spec_axes,
 )
 
@@ -43,16 +42,6 @@ class OneDLayout(GridLayout):
 
     def batch_divisor(self) -> int:
         return self.axis_size(self.act.batch)
-
-    def validate(self, *, hidden: int, mlp: int, heads: int, vocab: int) -> None:
-        p = self.p
-        if hidden % heads:
-            raise ValueError(f"hidden size {hidden} is not divisible by heads={heads}")
-        check_divisible(
-            f"1d tensor parallelism over {p} devices",
-            (("heads", heads, p), ("mlp width", mlp, p), ("vocab size", vocab, p)),
-            heads,
-        )
 
     # ---- specs -------------------------------------------------------------------------------
     def residual_spec(self) -> P:

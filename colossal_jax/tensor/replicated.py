@@ -31,10 +31,6 @@ class ReplicatedLayout(TensorLayout):
     def batch_divisor(self) -> int:
         return self.axis_size(self.act.batch)
 
-    def validate(self, *, hidden: int, mlp: int, heads: int, vocab: int) -> None:
-        if hidden % heads:
-            raise ValueError(f"hidden size {hidden} is not divisible by heads={heads}")
-
     def residual_spec(self) -> P:
         return P(spec_axes(*self.act.batch), self.act.seq, None)
 

@@ -25,11 +25,11 @@ import jax
 import jax.numpy as jnp
 from jax.sharding import PartitionSpec as P
 
+from colossal_jax import rules
 from colossal_jax.tensor.grid import GridLayout
 from colossal_jax.tensor.layout import (
     ActivationAxes,
     LinearKind,
-    check_divisible,
     spec_axes,
 )
 
@@ -42,12 +42,7 @@ class ThreeDLayout(GridLayout):
 
     def __init__(self, mesh, activation_axes: ActivationAxes | None = None):
         super().__init__(mesh, activation_axes or ActivationAxes())
-        sides = [self.axis_size(a) for a in (self.i, self.j, self.k)]
-        if len(set(sides)) != 1:
-            raise ValueError(
-                f"3d needs a cube tensor_row == tensor_col == tensor_depth, got "
-                f"{sides[0]}×{sides[1]}×{sides[2]}"
-            )
+        rules.check_grid(self.mode, *(self.axis_size(a) for a in (self.i, self.j, self.k)))
 
     @property
     def q(self) -> int:
@@ -61,18 +56,6 @@ class ThreeDLayout(GridLayout):
 
     def batch_divisor(self) -> int:
         return self.axis_size(self.act.batch) * self.q * self.q
-
-    def validate(self, *, hidden: int, mlp: int, heads: int, vocab: int) -> None:
-        q = self.q
-        if hidden % heads:
-            raise ValueError(f"hidden size {hidden} is not divisible by heads={heads}")
-        needs = (
-            ("hidden size", hidden, q * q),
-            ("mlp width", mlp, q * q),
-            ("heads", heads, q),
-            ("vocab size", vocab, q),
-        )
-        check_divisible(f"3d on a {q}×{q}×{q} cube", needs, heads)
 
     # ---- specs -------------------------------------------------------------------------------
     def residual_spec(self) -> P:

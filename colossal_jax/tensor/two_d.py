@@ -18,15 +18,17 @@ activations ``M·N/q²`` (falls as 1/p), plus the transient gathered blocks ``M�
 
 from __future__ import annotations
 
+import math
+
 import jax
 import jax.numpy as jnp
 from jax.sharding import PartitionSpec as P
 
+from colossal_jax import rules
 from colossal_jax.tensor.grid import GridLayout
 from colossal_jax.tensor.layout import (
     ActivationAxes,
     LinearKind,
-    check_divisible,
     spec_axes,
 )
 
@@ -40,11 +42,8 @@ class TwoDLayout(GridLayout):
 
     def __init__(self, mesh, activation_axes: ActivationAxes | None = None):
         super().__init__(mesh, activation_axes or ActivationAxes())
-        if self.axis_size(self.row) != self.axis_size(self.col):
-            raise ValueError(
-                f"{self.mode} needs a square grid, got {self.row}={self.axis_size(self.row)} and "
-                f"{self.col}={self.axis_size(self.col)}"
-            )
+        depth = math.prod(self.mesh.shape.get(a, 1) for a in self.depth)
+        rules.check_grid(self.mode, self.axis_size(self.row), self.axis_size(self.col), depth)
 
     @property
     def q(self) -> int:
@@ -57,17 +56,6 @@ class TwoDLayout(GridLayout):
 
     def batch_divisor(self) -> int:
         return self.axis_size(self.batch_axes)
-
-    def validate(self, *, hidden: int, mlp: int, heads: int, vocab: int) -> None:
-        q = self.q
-        if hidden % heads:
-            raise ValueError(f"hidden size {hidden} is not divisible by heads={heads}")
-        check_divisible(
-            f"{self.mode} on a {q}×{q} grid",
-            (("hidden size", hidden, q), ("heads", heads, q), ("mlp width", mlp, q),
-             ("vocab size", vocab, q)),
-            heads,
-        )  # fmt: skip
 
     # ---- specs -------------------------------------------------------------------------------
     def residual_spec(self) -> P:

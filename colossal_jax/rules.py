@@ -1,0 +1,658 @@
+"""Every configuration rule that needs no devices, in one place.
+
+A rule is a check of the configuration (a :class:`~colossal_jax.config.TrainConfig`, its
+:class:`~colossal_jax.config.ParallelConfig` and the resolved model config) that can be decided
+from numbers alone. Each rule lives here once and raises :class:`ConfigError` (a ``ValueError``)
+naming the bad value and a valid alternative. The rest of the library calls these functions
+instead of keeping copies: the config dataclasses' ``validate`` methods, ``config.parse_mesh``
+(the ``tensor=N`` shorthand), the tensor layouts (grid shapes, model divisibility, head split),
+the sequence kernels (Ulysses heads, zigzag chunks) and ``train.validate_run``, which adds the
+one check that needs devices (their memory) and passes its capacity to :func:`check_memory`.
+
+This module imports no JAX (nor Flax or NumPy), so ``cli.main`` runs :func:`check_config` on the
+whole run before JAX starts. Topics, in the order :func:`check_config` applies them:
+
+- parallel: axis sizes, mode names, ZeRO, device count, tensor grid shapes, seq axis, pipeline
+  (:func:`check_parallel`, :func:`check_grid`, :func:`factor_tensor`, :func:`check_pipeline`);
+- training and optimizer fields (:func:`check_train`, :func:`check_optim`), and the memory
+  modes: remat, gradient accumulation, offload and their combinations with ZeRO and the
+  pipeline (:func:`check_memory_modes`);
+- model dimensions (:func:`check_model`);
+- the run: sequence length against the model, batch shards, sequence split, pipeline chunks and
+  microbatches, Ulysses heads, the tensor mode's divisibility of hidden/mlp/heads/vocab, learned
+  positions (:func:`check_run`, :func:`tensor_split`, :func:`batch_shards`);
+- memory: the training-state floor against a capacity (:func:`check_memory`).
+
+Later features add their rules here: a new function in the matching topic (or a new topic) that
+raises ``ConfigError`` with the flag, the bad value and an example that works, called from the
+topic's ``check_*`` function so that :func:`check_config` — and so the command line, before JAX —
+runs it. Code that needs the same rule at a lower level (a kernel, a layout) calls the function
+with its own sizes rather than restating the condition.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass
+from typing import Any
+
+from colossal_jax.config import (
+    ATTENTION_IMPLS,
+    OFFLOADS,
+    OPTIMIZERS,
+    PIPELINES,
+    PRECISIONS,
+    REMATS,
+    SEQ_MODES,
+    TENSOR_MODES,
+    ConfigError,
+    OptimConfig,
+    ParallelConfig,
+    TrainConfig,
+    param_count,
+    state_bytes,
+    suggest,
+)
+
+TENSOR_AXES = ("tensor_row", "tensor_col", "tensor_depth")
+
+
+def check_config(
+    cfg: TrainConfig,
+    model: Any = None,
+    n_devices: int | None = None,
+    memory: tuple[int, int] | None = None,
+) -> None:
+    """Every device-free rule of ``cfg``: the parallel config (against ``n_devices`` when
+    given), the training and optimizer fields and, with a resolved ``model`` (a GPTConfig), the
+    model and run rules; with ``memory = (capacity bytes, devices sharing it)`` also the
+    training-state floor."""
+    check_parallel(cfg.parallel, n_devices)
+    check_train(cfg)
+    if model is not None:
+        check_with_model(cfg, model, memory)
+
+
+def check_with_model(cfg: TrainConfig, model: Any, memory: tuple[int, int] | None = None) -> None:
+    """The rules that need the resolved model, for a ``cfg`` that passed the others: its
+    dimensions, the memory floor (given ``memory``), then the run's divisibilities."""
+    check_model(model, _models()[cfg.model], cfg.model_overrides)
+    if memory is not None:
+        check_memory(cfg, model, *memory)
+    check_run(cfg, model)
+
+
+# ---- parallel -----------------------------------------------------------------------------------
+
+
+def choice(flag: str, value: Any, valid: tuple[str, ...]) -> str:
+    """The message for ``value`` not among ``valid`` (with a near miss suggested)."""
+    return f"{flag} {value!r} is not one of {', '.join(valid)}{suggest(value, valid, '; ')}"
+
+
+def check_parallel(par: ParallelConfig, n_devices: int | None = None) -> None:
+    """Axis sizes, mode names, ZeRO, the pipeline, the device count and the tensor grid."""
+    for a, n in par.axis_sizes.items():
+        if not isinstance(n, int) or n < 1:
+            raise ConfigError(f"mesh axis {a}={n!r} must be a positive integer")
+    if par.tensor_mode not in TENSOR_MODES:
+        raise ConfigError(choice("--tensor-mode", par.tensor_mode, TENSOR_MODES))
+    if par.seq_mode not in SEQ_MODES:
+        raise ConfigError(choice("--seq-mode", par.seq_mode, SEQ_MODES))
+    if par.zero not in (0, 1, 2, 3):
+        raise ConfigError(f"--zero {par.zero} is not a ZeRO stage; use 0, 1, 2 or 3")
+    check_pipeline(par)
+    if n_devices is not None and par.size != n_devices:
+        raise ConfigError(
+            f"the mesh {par.short()} has {par.size} devices but {n_devices} are available; "
+            f"make the axis sizes multiply to {n_devices} (e.g. data={n_devices})"
+        )
+    if par.tensor_mode == "none" and par.tensor_size > 1:
+        raise ConfigError(
+            f"tensor axes {par.short(TENSOR_AXES)} are set "
+            "but --tensor-mode is none; pass --tensor-mode 1d|2d|2.5d|3d"
+        )
+    check_grid(par.tensor_mode, par.tensor_row, par.tensor_col, par.tensor_depth)
+    if par.seq_mode == "none" and par.seq > 1:
+        raise ConfigError(
+            f"seq={par.seq} but --seq-mode is none; pass --seq-mode ring|ulysses|"
+            "ring-self-attention"
+        )
+
+
+def check_grid(mode: str, r: int, c: int, d: int) -> None:
+    """The grid shape ``mode`` needs from tensor_row × tensor_col × tensor_depth = r × c × d."""
+    if mode == "2d" and (r != c or d != 1):
+        raise ConfigError(
+            f"2d needs a square grid tensor_row == tensor_col and tensor_depth=1, got "
+            f"tensor_row={r}, tensor_col={c}, tensor_depth={d}; e.g. tensor_row=2,tensor_col=2"
+        )
+    if mode == "2.5d" and r != c:
+        raise ConfigError(
+            f"2.5d needs tensor_row == tensor_col (a q×q grid stacked tensor_depth times), got "
+            f"tensor_row={r}, tensor_col={c}"
+        )
+    if mode == "3d" and not (r == c == d):
+        raise ConfigError(
+            f"3d needs a cube tensor_row == tensor_col == tensor_depth, got {r}×{c}×{d}; "
+            "e.g. tensor=8 gives 2×2×2"
+        )
+
+
+def factor_tensor(total: int, mode: str, depth: int | None) -> dict[str, int]:
+    """Split the shorthand ``tensor=N`` into tensor_row/col/depth for ``mode`` (the grid-shape
+    rule for a total), or raise naming a total that factors."""
+    if mode in ("none", "1d"):
+        if mode == "none" and total > 1:
+            raise ConfigError(
+                f"--mesh tensor={total} needs --tensor-mode 1d|2d|2.5d|3d to say how to split it; "
+                f"e.g. --mesh tensor={total} --tensor-mode 1d"
+            )
+        return {"tensor_row": total}
+    if mode == "2d":
+        q = math.isqrt(total)
+        if q * q != total:
+            raise ConfigError(
+                f"tensor={total} is not a square, as 2d needs (q×q); use tensor={q * q} or "
+                f"{(q + 1) ** 2}"
+            )
+        return {"tensor_row": q, "tensor_col": q}
+    if mode == "2.5d":
+        d = depth or 1
+        if total % d:
+            raise ConfigError(f"tensor={total} is not divisible by --tensor-depth {d}")
+        q = math.isqrt(total // d)
+        if q * q * d != total:
+            raise ConfigError(
+                f"tensor={total} is not q×q×{d} for any q; 2.5d needs tensor = q²·depth "
+                f"(e.g. tensor={4 * d} for q=2)"
+            )
+        return {"tensor_row": q, "tensor_col": q, "tensor_depth": d}
+    if mode == "3d":
+        q = round(total ** (1 / 3))
+        if q**3 != total:
+            raise ConfigError(f"tensor={total} is not a cube, as 3d needs (q×q×q); use 8 or 64")
+        return {"tensor_row": q, "tensor_col": q, "tensor_depth": q}
+    raise ConfigError(choice("--tensor-mode", mode, TENSOR_MODES))
+
+
+def check_pipeline(par: ParallelConfig) -> None:
+    """The pipeline rules that need no model (the layer count is in :func:`check_run`)."""
+    p, name, v = par.pipe, par.pipeline, par.virtual_stages
+    if name not in PIPELINES:
+        raise ConfigError(choice("--pipeline", name, PIPELINES))
+    if p == 1:
+        if name != "none":
+            raise ConfigError(
+                f"--pipeline {name} needs a pipe axis; add pipe=N to --mesh (e.g. "
+                "--mesh pipe=2,data=4) or use --pipeline none"
+            )
+        if par.microbatches not in (None, 1) or v != 1:
+            raise ConfigError(
+                "--microbatches/--virtual-stages apply to pipelines; add pipe=N to --mesh"
+            )
+        return
+    if name == "none":
+        raise ConfigError(
+            f"pipe={p} needs a schedule; use --pipeline 1f1b (the default), gpipe or interleaved"
+        )
+    m = par.num_microbatches
+    if m < p:
+        raise ConfigError(
+            f"--microbatches {m} is smaller than pipe={p}: the pipeline would never fill; "
+            f"use --microbatches {p} or more (e.g. {2 * p})"
+        )
+    if name == "interleaved":
+        if v < 2:
+            raise ConfigError(
+                f"--pipeline interleaved needs --virtual-stages 2 or more, got {v}; use "
+                "--virtual-stages 2 (or --pipeline 1f1b)"
+            )
+        if m % p:
+            raise ConfigError(
+                f"--pipeline interleaved sends microbatches in groups of pipe={p}; "
+                f"--microbatches {m} is not a multiple of {p}; use --microbatches "
+                f"{p * max(1, round(m / p))}"
+            )
+    elif v != 1:
+        raise ConfigError(
+            f"--virtual-stages {v} needs --pipeline interleaved (got --pipeline {name})"
+        )
+
+
+# ---- training and optimizer fields --------------------------------------------------------------
+
+
+def check_train(cfg: TrainConfig) -> None:
+    """The TrainConfig fields (the optimizer's too) and the modes that need an axis."""
+    if cfg.steps < 1:
+        raise ConfigError(f"--steps {cfg.steps} must be at least 1 (e.g. --steps 100)")
+    if cfg.batch_size < 1:
+        raise ConfigError(
+            f"--batch-size {cfg.batch_size} must be at least 1 (e.g. --batch-size 16)"
+        )
+    if cfg.seq_len < 2:
+        raise ConfigError(f"--seq-len {cfg.seq_len} must be at least 2 (e.g. --seq-len 128)")
+    if cfg.precision not in PRECISIONS:
+        raise ConfigError(choice("--precision", cfg.precision, PRECISIONS))
+    check_memory_modes(cfg)
+    if cfg.attention not in ATTENTION_IMPLS:
+        raise ConfigError(choice("--attention", cfg.attention, ATTENTION_IMPLS))
+    par = cfg.parallel
+    if cfg.attention == "cudnn" and par.seq > 1 and par.seq_mode in ("ring", "ring-self-attention"):
+        raise ConfigError(
+            f"--attention cudnn cannot run inside --seq-mode {par.seq_mode} (its "
+            "blocks are masked by position and combined by log-sum-exp); use --attention auto "
+            "or --seq-mode ulysses"
+        )
+    if cfg.optim.name not in OPTIMIZERS:
+        raise ConfigError(choice("--optimizer", cfg.optim.name, OPTIMIZERS))
+    if not (math.isfinite(cfg.optim.lr) and cfg.optim.lr > 0):
+        raise ConfigError(f"--lr {cfg.optim.lr} must be positive and finite (e.g. --lr 3e-3)")
+    check_optim(cfg.optim)
+    if cfg.checkpoint_every < 1:
+        raise ConfigError(
+            f"--checkpoint-every {cfg.checkpoint_every} must be at least 1 "
+            "(e.g. --checkpoint-every 50)"
+        )
+    _check_run_fields(cfg)
+    check_axes_for_modes(par)
+
+
+def check_memory_modes(cfg: TrainConfig) -> None:
+    """``--remat``, ``--grad-accum``, ``--offload`` and how they combine with ZeRO and the
+    pipeline."""
+    if cfg.remat not in REMATS:
+        raise ConfigError(choice("--remat", cfg.remat, REMATS))
+    if cfg.offload not in OFFLOADS:
+        raise ConfigError(choice("--offload", cfg.offload, OFFLOADS))
+    if not isinstance(cfg.grad_accum, int) or cfg.grad_accum < 1:
+        raise ConfigError(
+            f"--grad-accum {cfg.grad_accum} must be at least 1 (1: no accumulation; e.g. "
+            "--grad-accum 4)"
+        )
+    par = cfg.parallel
+    if cfg.offload == "params" and par.zero != 3:
+        raise ConfigError(
+            f"--offload params keeps ZeRO-3's parameter shards in host memory, but --zero is "
+            f"{par.zero}; add --zero 3, or use --offload optimizer"
+        )
+    if par.pipelined and par.zero >= 2:
+        raise ConfigError(
+            f"--zero {par.zero} with a pipeline (pipe={par.pipe}) is not built yet: the "
+            "pipeline executor reduces gradients over data itself; use --zero 1 with a "
+            "pipeline, or drop pipe from --mesh"
+        )
+    if par.pipelined and cfg.remat != "none":
+        raise ConfigError(
+            f"--remat {cfg.remat} with a pipeline (pipe={par.pipe}) is not built yet (the "
+            "executor keeps each chunk's residuals until its backward); use --remat none "
+            "with a pipeline, or drop pipe from --mesh"
+        )
+
+
+def check_optim(o: OptimConfig) -> None:
+    """Values no optimizer can use: negative decay or clipping, moments outside [0, 1)."""
+    if o.warmup_steps < 0:
+        raise ConfigError(
+            f"--warmup-steps {o.warmup_steps} must be 0 or more (e.g. --warmup-steps 20)"
+        )
+    for flag, value, example, what in (
+        ("--weight-decay", o.weight_decay, "0.01", "0 turns it off"),
+        ("--clip-norm", o.clip_norm, "1.0", "0 turns clipping off"),
+        ("--set optim.eps=", o.eps, "1e-8", "added to the denominator"),
+        ("--set optim.min_lr_ratio=", o.min_lr_ratio, "0.1", "final lr / peak lr"),
+    ):
+        if not (math.isfinite(value) and value >= 0):
+            sep = "" if flag.endswith("=") else " "
+            raise ConfigError(
+                f"{flag}{sep}{value} must be a finite number ≥ 0 ({what}); e.g. "
+                f"{flag}{sep}{example}"
+            )
+    for key, value, example in (("b1", o.b1, 0.9), ("b2", o.b2, 0.95)):
+        if not 0 <= value < 1:
+            raise ConfigError(
+                f"--set optim.{key}={value} must be in [0, 1); e.g. --set optim.{key}={example}"
+            )
+    if not (math.isfinite(o.lars_trust) and o.lars_trust > 0):
+        raise ConfigError(
+            f"--set optim.lars_trust={o.lars_trust} must be positive; e.g. "
+            "--set optim.lars_trust=0.001"
+        )
+
+
+def _check_run_fields(cfg: TrainConfig) -> None:
+    if not 0 <= cfg.seed < 2**63:
+        raise ConfigError(f"--seed {cfg.seed} must be in [0, 2**63) (e.g. --seed 0)")
+    if cfg.log_every < 1:
+        raise ConfigError(
+            f"--set log_every={cfg.log_every} must be at least 1 (e.g. --set log_every=10)"
+        )
+    if cfg.eval_every < 0:
+        raise ConfigError(
+            f"--eval-every {cfg.eval_every} must be 0 (off) or more (e.g. --eval-every 50)"
+        )
+    if cfg.eval_batches < 1:
+        raise ConfigError(
+            f"--set eval_batches={cfg.eval_batches} must be at least 1 (e.g. --set eval_batches=4)"
+        )
+    if cfg.peak_tflops is not None and not (math.isfinite(cfg.peak_tflops) and cfg.peak_tflops > 0):
+        raise ConfigError(
+            f"--peak-tflops {cfg.peak_tflops} must be a positive number of dense bf16 "
+            "TFLOP/s per device (e.g. --peak-tflops 989 for an H100)"
+        )
+
+
+def check_axes_for_modes(par: ParallelConfig) -> None:
+    """A sequence or tensor mode needs its axes in the mesh."""
+    if par.seq_mode != "none" and par.seq == 1:
+        raise ConfigError(
+            f"--seq-mode {par.seq_mode} needs a seq axis, but the mesh {par.short()} has "
+            f"seq=1; add one, e.g. --mesh data=2,seq=4, or omit --seq-mode"
+        )
+    if par.tensor_mode != "none" and par.tensor_size == 1:
+        raise ConfigError(
+            f"--tensor-mode {par.tensor_mode} needs tensor axes, but the mesh {par.short()} "
+            f"has none; add them, e.g. --mesh tensor=4 --tensor-mode {par.tensor_mode}"
+            f"{' --tensor-depth 1' if par.tensor_mode == '2.5d' else ''}, or omit --tensor-mode"
+        )
+
+
+# ---- model --------------------------------------------------------------------------------------
+
+MODEL_SIZES = ("vocab_size", "block_size", "n_layer", "n_head", "n_embd", "mlp_ratio")
+
+
+def check_model(model: Any, base: Any, overrides: dict[str, Any]) -> None:
+    """Model dimensions no mesh can fix. ``model`` and ``base`` (the named model) are GPTConfigs;
+    ``overrides`` the ``--set model.*`` values, so the message names the flag that was given."""
+    for key in MODEL_SIZES:
+        value = getattr(model, key)
+        if not isinstance(value, int) or value < 1:
+            raise ConfigError(
+                f"--set model.{key}={value} must be a positive integer; e.g. "
+                f"--set model.{key}={getattr(base, key)}"
+            )
+    for key, least in (("eps", 0.0), ("rope_theta", 1.0)):
+        value = getattr(model, key)
+        if not (math.isfinite(value) and value >= least):
+            raise ConfigError(
+                f"--set model.{key}={value} must be a finite number ≥ {least:g}; e.g. "
+                f"--set model.{key}={getattr(base, key)}"
+            )
+    h, heads = model.n_embd, model.n_head
+    if h % heads:
+        if "n_head" in overrides and "n_embd" not in overrides:
+            near = _near(heads, [d for d in range(1, h + 1) if h % d == 0])
+            raise ConfigError(
+                f"--set model.n_head={heads} does not divide model.n_embd={h}; use "
+                f"--set model.n_head={' or '.join(map(str, near))}"
+            )
+        lo = max(heads, h // heads * heads)
+        near = sorted({lo, h // heads * heads + heads} - {h})
+        raise ConfigError(
+            f"--set model.n_embd={h} is not divisible by model.n_head={heads}; use "
+            f"--set model.n_embd={' or '.join(map(str, near))}"
+        )
+    if model.position == "rope" and (h // heads) % 2:
+        raise ConfigError(
+            f"--set model.position=rope needs an even head size, but n_embd/n_head = {h}/{heads} "
+            f"= {h // heads}; use --set model.n_embd={h + heads} or --set model.position=learned"
+        )
+
+
+def _near(x: int, candidates: list[int]) -> list[int]:
+    below = [c for c in candidates if c < x]
+    above = [c for c in candidates if c > x]
+    return ([below[-1]] if below else []) + ([above[0]] if above else [])
+
+
+def resolve_model(cfg: TrainConfig, data_vocab: int | None) -> Any:
+    """The model config (a GPTConfig): the named one, the data's vocabulary, then
+    ``--set model.*``; an unknown name or field is a ConfigError."""
+    from models.configs import model_config
+
+    overrides = dict(cfg.model_overrides)
+    if data_vocab is not None and "vocab_size" not in overrides:
+        overrides["vocab_size"] = data_vocab
+    try:
+        return model_config(cfg.model, **overrides)
+    except KeyError as e:
+        raise ConfigError(e.args[0]) from None
+    except (TypeError, ValueError) as e:
+        raise ConfigError(f"--set model.*: {e}") from None
+
+
+def _models() -> dict[str, Any]:
+    from models.configs import MODELS
+
+    return MODELS
+
+
+# ---- tensor split: what each mode divides -------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class TensorSplit:
+    """What a tensor mode on a given grid splits.
+
+    Attributes:
+      what: the split as messages name it (``2d on a 2×2 grid``).
+      divisors: ``(dimension, divisor)`` pairs the model dimensions must divide by, dimensions
+        named ``hidden size``, ``heads``, ``mlp width`` and ``vocab size``; one that is absent
+        is not split. ``heads`` is also the head split of attention and ``vocab size`` the
+        split of the embedding tables' first dimension (learned positions too).
+      batch: pieces the mode itself splits the batch into (times the ``data`` axis).
+    """
+
+    what: str
+    divisors: tuple[tuple[str, int], ...]
+    batch: int
+
+    def divisor(self, name: str) -> int:
+        return dict(self.divisors).get(name, 1)
+
+
+def tensor_split(mode: str, r: int = 1, c: int = 1, d: int = 1) -> TensorSplit:
+    """The :class:`TensorSplit` of ``mode`` on tensor_row × tensor_col × tensor_depth =
+    ``r × c × d``. The layouts (which own the specs) and these numbers are kept in step by
+    ``tests/test_tensor_kernels.py``."""
+    if mode == "1d":
+        p = r * c * d
+        return TensorSplit(
+            f"1d tensor parallelism over {p} devices",
+            (("heads", p), ("mlp width", p), ("vocab size", p)),
+            1,
+        )
+    if mode in ("2d", "2.5d"):
+        return TensorSplit(
+            f"{mode} on a {r}×{r} grid",
+            (("hidden size", r), ("heads", r), ("mlp width", r), ("vocab size", r)),
+            r * (d if mode == "2.5d" else 1),
+        )
+    if mode == "3d":
+        return TensorSplit(
+            f"3d on a {r}×{r}×{r} cube",
+            (("hidden size", r * r), ("mlp width", r * r), ("heads", r), ("vocab size", r)),
+            r * r,
+        )
+    return TensorSplit("no tensor split", (), 1)
+
+
+def split_of(par: ParallelConfig) -> TensorSplit:
+    """The :class:`TensorSplit` of a ParallelConfig's tensor mode and grid."""
+    return tensor_split(par.tensor_mode, par.tensor_row, par.tensor_col, par.tensor_depth)
+
+
+def batch_shards(par: ParallelConfig) -> int:
+    """How many pieces the batch dimension is split into: ``data`` times the tensor mode's own
+    (equal to the layout's ``batch_divisor()``)."""
+    return par.data * split_of(par).batch
+
+
+def model_divisors(par: ParallelConfig) -> tuple[tuple[str, int], ...]:
+    """``(dimension, divisor)`` pairs the model must satisfy under ``par``'s tensor mode."""
+    return split_of(par).divisors
+
+
+def check_split(split: TensorSplit, *, hidden: int, mlp: int, heads: int, vocab: int) -> None:
+    """The model dimensions divide as ``split`` needs; the message names the first that does
+    not, the split that needs it and a valid alternative."""
+    if hidden % heads:
+        raise ConfigError(f"hidden size {hidden} is not divisible by heads={heads}")
+    values = {"hidden size": hidden, "heads": heads, "mlp width": mlp, "vocab size": vocab}
+    for name, div in split.divisors:
+        value = values[name]
+        if value % div == 0:
+            continue
+        up = -(-value // div) * div
+        hint = {
+            "heads": f"--set model.n_head={up}",
+            "vocab size": f"--set model.vocab_size={up}",
+            "hidden size": f"--set model.n_embd={up} (a multiple of heads={heads} too)",
+            "mlp width": f"a model.n_embd whose mlp width (mlp_ratio·n_embd) divides by {div}",
+        }[name]
+        raise ConfigError(
+            f"{split.what} needs {name} divisible by {div}, got {value}; use {hint} or a smaller "
+            "tensor split"
+        )
+
+
+def check_head_split(mode: str, heads: int, head_split: int) -> None:
+    """Each device of a ``head_split``-way split of the attention heads holds whole heads."""
+    if heads % head_split:
+        raise ConfigError(
+            f"{mode} splits attention heads {head_split} ways; heads={heads} is not "
+            f"divisible by {head_split}"
+        )
+
+
+# ---- the run: the config against the model -----------------------------------------------------
+
+
+def check_run(cfg: TrainConfig, model: Any) -> None:
+    """Every divisibility the mesh and modes need of the batch, the sequence and the model."""
+    par = cfg.parallel
+    if cfg.seq_len > model.block_size:
+        raise ConfigError(
+            f"--seq-len {cfg.seq_len} exceeds the model's block_size {model.block_size}; use "
+            f"--seq-len {model.block_size} or --set model.block_size={cfg.seq_len}"
+        )
+    split = batch_shards(par)
+    if cfg.batch_size % split:
+        good = split * max(1, round(cfg.batch_size / split))
+        raise ConfigError(
+            f"--batch-size {cfg.batch_size} is not divisible by the {split} batch shards of the "
+            f"mesh ({par.short()}, tensor_mode={par.tensor_mode}); use --batch-size {good}"
+        )
+    if cfg.grad_accum > 1 and not par.pipelined and cfg.batch_size % (split * cfg.grad_accum):
+        n = split * cfg.grad_accum
+        raise ConfigError(
+            f"--batch-size {cfg.batch_size} does not divide into --grad-accum {cfg.grad_accum} "
+            f"microbatches over the {split} batch shards ({split}·{cfg.grad_accum} = {n}); use "
+            f"--batch-size {n * max(1, round(cfg.batch_size / n))} or a smaller --grad-accum"
+        )
+    if par.seq > 1:
+        check_seq_split(cfg.seq_len, par.seq, zigzag=par.seq_mode == "ring")
+    if par.pipelined:
+        _check_pipeline_split(cfg, model, split)
+    tensor = split_of(par)
+    if par.seq_mode == "ulysses" and par.seq > 1:
+        check_ulysses_heads(model.n_head, par.seq, tensor.divisor("heads"))
+    try:
+        check_split(
+            tensor,
+            hidden=model.n_embd,
+            mlp=model.mlp_width,
+            heads=model.n_head,
+            vocab=model.vocab_size,
+        )
+        embedding = tensor.divisor("vocab size")
+        if model.position == "learned" and model.block_size % embedding:
+            raise ConfigError(
+                f"block_size {model.block_size} is not divisible by the embedding split {embedding}"
+            )
+    except ConfigError as e:
+        raise ConfigError(f"{e} (model {cfg.model}, tensor_mode={par.tensor_mode})") from None
+
+
+def check_seq_split(seq_len: int, seq: int, *, zigzag: bool) -> None:
+    """``seq_len`` splits into ``seq`` equal blocks, or ``2·seq`` zigzag chunks for causal ring
+    attention (:mod:`colossal_jax.sequence.zigzag`)."""
+    if seq < 1:
+        raise ConfigError(f"the number of sequence-parallel devices p={seq} must be >= 1")
+    chunks = seq * (2 if zigzag else 1)
+    if seq_len > 0 and seq_len % chunks == 0:
+        return
+    lower = seq_len // chunks * chunks
+    alt = f"{lower + chunks}" if lower <= 0 else f"{lower} or {lower + chunks}"
+    why = f"2·seq zigzag chunks, 2*p={chunks} for p={seq}" if zigzag else "seq"
+    raise ConfigError(
+        f"--seq-len {seq_len} is not divisible by {chunks} ({why}); use --seq-len {alt}"
+    )
+
+
+def check_ulysses_heads(heads: int, seq: int, head_split: int = 1) -> None:
+    """Ulysses re-splits each tensor shard's ``heads / head_split`` heads over ``seq``."""
+    local = heads // max(head_split, 1)
+    if local % seq:
+        raise ConfigError(
+            f"ulysses needs the heads per tensor shard ({local}) divisible by seq={seq} (the "
+            f"sequence-parallel size p={seq}); use --seq-mode ring or n_head divisible by "
+            f"{seq * head_split}"
+        )
+
+
+def _check_pipeline_split(cfg: TrainConfig, model: Any, split: int) -> None:
+    # gradient accumulation composes with a pipeline as more microbatches per step
+    par, m = cfg.parallel, cfg.parallel.num_microbatches * cfg.grad_accum
+    chunks = par.pipe * par.virtual_stages
+    if model.n_layer % chunks:
+        good = chunks * max(1, round(model.n_layer / chunks))
+        what = f"pipe={par.pipe}" + (
+            f" × virtual_stages={par.virtual_stages}" if par.virtual_stages > 1 else ""
+        )
+        raise ConfigError(
+            f"n_layer={model.n_layer} does not split into {chunks} equal pipeline chunks "
+            f"({what}); use --set model.n_layer={good} or another pipe size"
+        )
+    if cfg.batch_size % (split * m):
+        good = split * m * max(1, round(cfg.batch_size / (split * m)))
+        raise ConfigError(
+            f"--batch-size {cfg.batch_size} does not divide into {m} microbatches over the "
+            f"{split} batch shards ({split}·{m} = {split * m}); use --batch-size {good} or "
+            "fewer --microbatches" + (" / --grad-accum" if cfg.grad_accum > 1 else "")
+        )
+
+
+# ---- memory -------------------------------------------------------------------------------------
+
+
+def check_memory(cfg: TrainConfig, model: Any, capacity: int, sharing: int = 1) -> None:
+    """Refuse a model whose training state alone exceeds the memory: ``capacity`` bytes shared by
+    ``sharing`` devices (simulated CPU devices share the host's memory). The caller measures the
+    capacity (``train.validate_run`` asks the devices)."""
+    need = state_bytes(cfg, model)
+    if need * sharing <= capacity:
+        return
+    sized = {
+        name: dataclasses.replace(b, vocab_size=model.vocab_size) for name, b in _models().items()
+    }
+    fits = sorted(
+        (param_count(b), name)
+        for name, b in sized.items()
+        if state_bytes(cfg, b) * sharing <= capacity
+    )
+    where = (
+        f"the {sharing} devices of this host share {capacity / 1e9:.1f} GB"
+        if sharing > 1
+        else f"a device has {capacity / 1e9:.1f} GB"
+    )
+    alternative = f"e.g. --model {fits[-1][1]}" if fits else "a smaller --model"
+    raise ConfigError(
+        f"--model {cfg.model} ({param_count(model) / 1e9:.2f}B parameters) needs at least "
+        f"{need / 1e9:.1f} GB per device for fp32 parameters, gradients and {cfg.optim.name} "
+        f"state on the mesh {cfg.parallel.short()}, but {where}; use {alternative}, more tensor "
+        "parallelism, or --zero 1"
+    )

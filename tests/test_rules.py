@@ -1,0 +1,125 @@
+"""colossal_jax.rules: one owner for every device-free rule, importable and run before JAX."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import jax
+import pytest
+
+from colossal_jax import rules
+from colossal_jax.config import ConfigError, ParallelConfig
+from colossal_jax.mesh import build_mesh
+from colossal_jax.sharding import make_layout
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _fresh_python(code: str) -> str:
+    env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(ROOT), "JAX_PLATFORMS": "cpu"}
+    proc = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code)],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        env=env,
+        timeout=60,
+    )
+    assert proc.returncode == 0, proc.stderr
+    return proc.stdout.strip()
+
+
+def test_importing_rules_imports_no_jax():
+    code = """
+        import sys
+        import colossal_jax.rules, models.configs
+        print('jax' in sys.modules, 'flax' in sys.modules)
+    """
+    assert _fresh_python(code) == "False False"
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["--mesh", "data=2,tensor=4", "--tensor-mode", "1d", "--set", "model.n_head=6"],
+        ["--batch-size", "7", "--mesh", "data=8"],
+        [
+            "--mesh",
+            "data=2,seq=4",
+            "--seq-mode",
+            "ulysses",
+            "--set",
+            "model.n_head=6",
+            "--set",
+            "model.n_embd=96",
+        ],
+        ["--mesh", "data=2,tensor=4", "--tensor-mode", "1d", "--set", "model.vocab_size=250"],
+        ["--devices", "8", "--mesh", "pipe=2", "--set", "model.n_layer=3"],
+    ],  # fmt: skip
+)
+def test_cli_refuses_before_jax_starts(argv):
+    code = f"""
+        import sys
+        from colossal_jax.cli import main
+        rc = main({argv!r} + ["--no-progress"])
+        print(rc, 'jax' in sys.modules)
+    """
+    assert _fresh_python(code) == "2 False"
+
+
+MESHES = [
+    ("none", dict(data=8)),
+    ("none", dict(data=2, seq=4, seq_mode="ring")),
+    ("1d", dict(data=2, tensor_row=4)),
+    ("1d", dict(tensor_row=2, tensor_col=2, tensor_depth=2)),
+    ("2d", dict(data=2, tensor_row=2, tensor_col=2)),
+    ("2d", dict(data=1, tensor_row=2, tensor_col=2, seq=2, seq_mode="ring")),
+    ("2.5d", dict(tensor_row=2, tensor_col=2, tensor_depth=2)),
+    ("2.5d", dict(data=2, tensor_row=2, tensor_col=2, tensor_depth=1)),
+    ("3d", dict(tensor_row=2, tensor_col=2, tensor_depth=2)),
+    ("3d", dict(data=1, tensor_row=1, tensor_col=1, tensor_depth=1)),
+]
+
+
+@pytest.mark.parametrize("mode,axes", MESHES)
+def test_rules_agree_with_the_layouts(mode, axes):
+    """The layouts own the specs; the rules' numbers must be the ones those specs imply."""
+    par = ParallelConfig(tensor_mode=mode, **axes)
+    layout = make_layout(par, build_mesh(par, jax.devices()[: par.size]))
+    split = rules.split_of(par)
+    assert rules.batch_shards(par) == layout.batch_divisor()
+    assert split.divisor("heads") == layout.axis_size(layout.wide_spec()[2])
+    embedding = layout.embedding_spec()
+    assert split.divisor("vocab size") == layout.axis_size(embedding[0] if embedding else None)
+    assert split == layout.tensor_split()
+    assert rules.model_divisors(par) == split.divisors
+
+
+@pytest.mark.parametrize(
+    "mode,r,c,d,match",
+    [
+        ("2d", 2, 1, 1, "square grid"),
+        ("2.5d", 2, 4, 2, "tensor_row == tensor_col"),
+        ("3d", 2, 2, 1, "cube"),
+    ],
+)
+def test_one_grid_rule_for_configs_and_layouts(mode, r, c, d, match):
+    with pytest.raises(ConfigError, match=match):
+        rules.check_grid(mode, r, c, d)
+
+
+def test_check_config_runs_the_run_rules_without_devices():
+    from colossal_jax.config import TrainConfig
+    from models.configs import model_config
+
+    cfg = TrainConfig(batch_size=6, parallel=ParallelConfig(data=4))
+    model = model_config("gpt2-tiny")
+    rules.check_config(cfg, n_devices=4)  # no model: the run rules are not asked
+    with pytest.raises(ConfigError, match="4 batch shards"):
+        rules.check_config(cfg, model, n_devices=4)
+    with pytest.raises(ConfigError, match="a device has 0.0 GB"):
+        rules.check_config(TrainConfig(batch_size=8, parallel=ParallelConfig(data=4)), model,
+                           memory=(1000, 1))  # fmt: skip
