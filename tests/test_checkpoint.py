@@ -36,3 +36,30 @@ def test_a_data_parallel_checkpoint_resumes_in_a_pipeline(tmp_path):
     resumed = _quiet(dataclasses.replace(piped, **ckpt))
     assert resumed.start_step == 4
     np.testing.assert_allclose(resumed.losses, full[4:], rtol=1e-5)
+
+
+def test_a_zero3_offloaded_checkpoint_resumes_at_zero0(tmp_path):
+    """ZeRO-3 with parameters and optimizer state in host memory saves a checkpoint that a plain
+    data-parallel run restores and continues with the same losses (and the other way round)."""
+    z3 = dict(zero=3)
+    full = losses(tiny_config(steps=8, devices=8, data=8))
+    ckpt = {"checkpoint_dir": str(tmp_path), "checkpoint_every": 4}
+    _quiet(
+        dataclasses.replace(tiny_config(steps=8, devices=8, data=8, **z3), offload="params", **ckpt)
+    )
+    shutil.rmtree(tmp_path / "8")
+    resumed = _quiet(dataclasses.replace(tiny_config(steps=8, devices=8, data=8), **ckpt))
+    assert resumed.start_step == 4
+    np.testing.assert_allclose(resumed.losses, full[4:], rtol=1e-5)
+
+
+def test_an_fp16_run_resumes_with_its_loss_scale(tmp_path):
+    ckpt = {"checkpoint_dir": str(tmp_path), "checkpoint_every": 4}
+    cfg = dataclasses.replace(tiny_config(steps=8, devices=8, data=8), precision="fp16")
+    full = losses(cfg)
+    _quiet(dataclasses.replace(cfg, **ckpt))
+    shutil.rmtree(tmp_path / "8")
+    resumed = _quiet(dataclasses.replace(cfg, **ckpt))
+    assert resumed.start_step == 4
+    np.testing.assert_allclose(resumed.losses, full[4:], rtol=1e-6)
+    assert float(resumed.opt_state.loss_scale.scale) == 2.0**15
