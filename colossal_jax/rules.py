@@ -278,18 +278,6 @@ def check_memory_modes(cfg: TrainConfig) -> None:
             f"--offload params keeps ZeRO-3's parameter shards in host memory, but --zero is "
             f"{par.zero}; add --zero 3, or use --offload optimizer"
         )
-    if par.pipelined and par.zero >= 2:
-        raise ConfigError(
-            f"--zero {par.zero} with a pipeline (pipe={par.pipe}) is not built yet: the "
-            "pipeline executor reduces gradients over data itself; use --zero 1 with a "
-            "pipeline, or drop pipe from --mesh"
-        )
-    if par.pipelined and cfg.remat != "none":
-        raise ConfigError(
-            f"--remat {cfg.remat} with a pipeline (pipe={par.pipe}) is not built yet (the "
-            "executor keeps each chunk's residuals until its backward); use --remat none "
-            "with a pipeline, or drop pipe from --mesh"
-        )
 
 
 def check_optim(o: OptimConfig) -> None:

@@ -179,11 +179,13 @@ def tree_shardings(
     return jax.tree.map(one, tree, is_leaf=is_variable)
 
 
-def param_specs(state, layout: TensorLayout, *, layer_entry: str | None = None):
-    """PartitionSpecs (not shardings) of an nnx State under ``layout``."""
+def param_specs(
+    state, layout: TensorLayout, *, layer_entry: str | None = None, zero_axis: str | None = None
+):
+    """PartitionSpecs (not shardings) of an nnx State under ``layout`` (+ ZeRO ``zero_axis``)."""
     return jax.tree.map(
         lambda s: s.spec,
-        tree_shardings(state, layout, layer_entry=layer_entry),
+        tree_shardings(state, layout, layer_entry=layer_entry, zero_axis=zero_axis),
         is_leaf=lambda x: isinstance(x, NamedSharding),
     )
 

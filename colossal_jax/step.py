@@ -29,7 +29,7 @@ from jax.sharding import PartitionSpec as P
 
 from colossal_jax import zero
 from colossal_jax.layers import use_parallelism
-from colossal_jax.layers.stack import StackOptions, use_stack_options
+from colossal_jax.layers.stack import use_stack_options
 from colossal_jax.tensor.grid import axes_of
 from colossal_jax.tensor.layout import LocalAttention, TensorLayout
 
@@ -71,12 +71,7 @@ def sharded_value_and_grad(
     mesh = layout.mesh
     tokens_spec = layout.token_spec()
     token_axes = tuple(a for entry in tokens_spec for a in axes_of(entry))
-    options = StackOptions(remat=remat)
-    if stage == 3:
-        keep = remat
-        if keep is None:
-            keep = jax.checkpoint_policies.save_anything_except_these_names(*zero.GATHERED_NAMES)
-        options = StackOptions(remat=keep, prepare_layer=zero.gather_layer(layer_dims))
+    options = zero.stack_options(stage, layer_dims, remat)
 
     def per_device(params, tokens, positions, targets, weights, scale):
         count = jnp.maximum(jax.lax.psum(jnp.sum(weights.astype(jnp.float32)), token_axes), 1.0)

@@ -250,10 +250,10 @@ def _value_and_grad_fn(run: Run) -> Callable:
     """``(params, batch, scale) -> (loss, grads)``: the all-manual step with ZeRO and gradient
     accumulation (:mod:`colossal_jax.step`), or the pipeline executor. ``scale`` multiplies the
     loss before differentiation (fp16 loss scaling); the gradients come back scaled."""
+    from colossal_jax.remat import RematPolicy
+
     compute_dtype = COMPUTE_DTYPES[run.cfg.precision]
     if run.schedule is None:
-        from colossal_jax.remat import RematPolicy
-
         return sharded_value_and_grad(
             run.graphdef,
             run.layout,
@@ -276,6 +276,9 @@ def _value_and_grad_fn(run: Run) -> Callable:
         run.local_attention,
         n_layer=run.model.n_layer,
         compute_dtype=compute_dtype,
+        stage=run.cfg.parallel.zero,
+        layer_dims=run.layer_dims,
+        remat=RematPolicy(run.cfg.remat).policy(),
     )
 
 

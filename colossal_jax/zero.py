@@ -32,6 +32,7 @@ functions serve the pipeline, gradient accumulation and every tensor mode.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import jax
@@ -39,7 +40,7 @@ from flax import nnx
 from jax.ad_checkpoint import checkpoint_name
 from jax.sharding import Mesh
 
-from colossal_jax.layers.stack import is_stacked
+from colossal_jax.layers.stack import StackOptions, is_stacked
 from colossal_jax.sharding import _axes_of, is_variable, variable_spec, zero_spec
 from colossal_jax.tensor.kernels import varying
 from colossal_jax.tensor.layout import TensorLayout
@@ -135,6 +136,22 @@ def gather_layer(layer_dims: list[int | None]):
         return jax.tree.unflatten(treedef, leaves)
 
     return prepare
+
+
+def stack_options(
+    stage: int, layer_dims: list | None, remat: Callable[..., bool] | None
+) -> StackOptions:
+    """How the stack runs under ``stage``: the ``remat`` policy, and for stage 3 the per-layer
+    gather, whose gathered weights are never kept for the backward pass (without a remat policy
+    the layer is rematerialised saving everything else)."""
+    if stage != 3:
+        return StackOptions(remat=remat)
+    if layer_dims is None:
+        raise ValueError("ZeRO-3 needs the stack's layer dims (step.stack_layer_dims)")
+    keep = remat
+    if keep is None:
+        keep = jax.checkpoint_policies.save_anything_except_these_names(*GATHERED_NAMES)
+    return StackOptions(remat=keep, prepare_layer=gather_layer(layer_dims))
 
 
 def reduce(grads: Any, dims: Any, stage: int) -> Any:

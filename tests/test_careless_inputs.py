@@ -79,7 +79,6 @@ CASES = [
     case(["--mesh", "data=2,seq=4", "--seq-mode", "rign"], "'rign'", "did you mean 'ring'?"),
     case(["--mesh", "tensor=4", "--tensor-mode", "2D"], "'2D'", "did you mean '2d'?"),
     case(["--zero", "4"], "--zero 4", "use 0, 1, 2 or 3"),
-    case(["--zero", "2", "--mesh", "pipe=2,data=4"], "--zero 2 with a pipeline", "--zero 1"),
     case(["--remat", "ful"], "--remat", "full"),
     case(["--offload", "params"], "--offload params", "--zero 3"),
     case(["--grad-accum", "0"], "--grad-accum 0", "--grad-accum 4"),

@@ -24,7 +24,9 @@ import numpy as np
 from flax import nnx
 from jax.sharding import PartitionSpec as P
 
+from colossal_jax import zero
 from colossal_jax.layers import stacked_filter, use_parallelism
+from colossal_jax.layers.stack import use_stack_options
 from colossal_jax.pipeline.executor import interleave_permutation, run_pipeline
 from colossal_jax.pipeline.schedule import Schedule
 from colossal_jax.sharding import param_specs
@@ -40,12 +42,22 @@ def pipelined_value_and_grad(
     *,
     n_layer: int,
     compute_dtype: Any = jnp.float32,
+    stage: int = 0,
+    layer_dims: list | None = None,
+    remat: Callable[..., bool] | None = None,
 ) -> Callable[[Any, dict[str, jax.Array]], tuple[jax.Array, Any]]:
-    """``(params, batch) -> (mean loss, grads)`` through the pipeline ``schedule``."""
+    """``(params, batch) -> (mean loss, grads)`` through the pipeline ``schedule``.
+
+    ``stage`` is the ZeRO stage over ``data`` (:mod:`colossal_jax.zero`: the parameters enter
+    varying over ``data`` and one reduction at the end covers every gradient; stage 3 stores the
+    parameters sharded and gathers each layer inside the chunks, with ``layer_dims`` from
+    :func:`colossal_jax.step.stack_layer_dims`). ``remat`` is the stack's checkpoint policy: a
+    chunk's forward then keeps only what the policy saves until its backward."""
     mesh = layout.mesh
     token_spec = layout.token_spec()
     token_axes = tuple(a for entry in token_spec for a in axes_of(entry))
     virtual = schedule.virtual_stages
+    options = zero.stack_options(stage, layer_dims, remat)
     perm = inv = None
     if virtual > 1:
         perm = interleave_permutation(n_layer, schedule.stages, virtual)
@@ -58,10 +70,19 @@ def pipelined_value_and_grad(
         gd, stack, rest = nnx.split(nnx.merge(graphdef, params), stacked_filter, ...)
         stack_specs = param_specs(stack, layout, layer_entry="pipe")
         rest_specs = param_specs(rest, layout)
+        stack_zero = param_specs(stack, layout, layer_entry="pipe", zero_axis=zero.AXIS)
+        rest_zero = param_specs(rest, layout, zero_axis=zero.AXIS)
+        stack_dims = zero.zero_dims(stack, layout, layer_entry="pipe")
+        rest_dims = zero.zero_dims(rest, layout)
         if perm is not None:
             stack = jax.tree.map(lambda a: a[perm], stack)
 
         def per_device(stack, rest, tokens, positions, targets, weights, scale):
+            stack = zero.enter(stack, stack_dims, stage)
+            rest = zero.enter(rest, rest_dims, stage)
+            if stage == 3:  # the unstacked parameters whole; their gradient is scattered below
+                rest = zero.gather_rest(rest, rest_dims)
+
             def chunk_fn(chunk, x, pos):
                 return nnx.merge(gd, chunk, rest).blocks(x, pos)
 
@@ -71,8 +92,8 @@ def pipelined_value_and_grad(
             def head_fn(r, y, tgt, w):
                 return nnx.merge(gd, stack, r).head_loss(y, tgt, w)
 
-            with use_parallelism(layout, local_attention):
-                return run_pipeline(
+            with use_parallelism(layout, local_attention), use_stack_options(options):
+                loss, d_stack, d_rest = run_pipeline(
                     schedule,
                     chunk_fn=chunk_fn,
                     embed_fn=embed_fn,
@@ -86,13 +107,28 @@ def pipelined_value_and_grad(
                     token_axes=token_axes,
                     scale=scale,
                 )
+            d_stack = zero.reduce(d_stack, stack_dims, stage)
+            d_rest = zero.reduce(d_rest, rest_dims, 2 if stage == 3 else stage)
+            return loss, d_stack, d_rest
 
         tok = token_spec
         loss, d_stack, d_rest = jax.shard_map(
             per_device,
             mesh=mesh,
-            in_specs=(stack_specs, rest_specs, tok, tok, tok, tok, P()),
-            out_specs=(P(), stack_specs, rest_specs),
+            in_specs=(
+                stack_zero if stage == 3 else stack_specs,
+                rest_zero if stage == 3 else rest_specs,
+                tok,
+                tok,
+                tok,
+                tok,
+                P(),
+            ),
+            out_specs=(
+                P(),
+                stack_zero if stage >= 2 else stack_specs,
+                rest_zero if stage >= 2 else rest_specs,
+            ),
         )(
             stack,
             rest,
