@@ -422,16 +422,23 @@ def param_count(m: Any) -> int:
 
 
 def state_bytes(cfg: TrainConfig, m: Any) -> float:
-    """A floor on the bytes of training state per device: fp32 parameters and gradients split
-    over the tensor and pipeline axes, optimizer moments also over ``data`` under ZeRO-1. No
-    activations, so a model this refuses cannot fit whatever the activations."""
+    """A floor on the bytes of training state per device in device memory: fp32 parameters,
+    gradients and optimizer moments split over the tensor and pipeline axes, and over ``data``
+    by the ZeRO stage (moments from 1, gradients from 2, parameters at 3); host-offloaded state
+    does not count. No activations, so a model this refuses cannot fit whatever the
+    activations."""
     par, n = cfg.parallel, param_count(m)
     slots = {"adamw": 2, "lamb": 2, "lars": 1, "sgd": 1 if cfg.optim.b1 else 0}.get(
         cfg.optim.name, 2
     )
     split = par.tensor_size * par.pipe
-    opt_split = split * (par.data if par.zero >= 1 else 1)
-    return 4 * n * 2 / split + 4 * n * slots / opt_split
+
+    def over_data(from_stage: int) -> int:
+        return split * (par.data if par.zero >= from_stage else 1)
+
+    params = 0.0 if cfg.offload == "params" else 4 * n / over_data(3)
+    opt = 0.0 if cfg.offload in ("optimizer", "params") else 4 * n * slots / over_data(1)
+    return params + 4 * n / over_data(2) + opt
 
 
 def coerce(value: str, annotation: Any) -> Any:

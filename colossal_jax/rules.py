@@ -642,5 +642,5 @@ def check_memory(cfg: TrainConfig, model: Any, capacity: int, sharing: int = 1) 
         f"--model {cfg.model} ({param_count(model) / 1e9:.2f}B parameters) needs at least "
         f"{need / 1e9:.1f} GB per device for fp32 parameters, gradients and {cfg.optim.name} "
         f"state on the mesh {cfg.parallel.short()}, but {where}; use {alternative}, more tensor "
-        "parallelism, or --zero 1"
+        "parallelism, or --zero 3"
     )
