@@ -272,14 +272,16 @@ def devices_before_jax(args, devices_set: bool) -> int | None:
     """The device count the run will have, where it is known without JAX: the simulated host
     devices under ``JAX_PLATFORMS=cpu``, ``--devices N`` when :func:`_setup_devices` set it, or
     else the size of a ``--mesh`` that names every axis it uses (``data`` included); None
-    otherwise."""
+    otherwise. The first two count one process's devices: with ``--num-processes P`` (every
+    process launched alike) the run has P times as many."""
     forced = re.search(
         r"xla_force_host_platform_device_count=(\d+)", os.environ.get("XLA_FLAGS", "")
     )
+    processes = args.num_processes or 1
     if os.environ.get("JAX_PLATFORMS") == "cpu" and forced:
-        return int(forced.group(1))
+        return int(forced.group(1)) * processes
     if args.devices is not None and devices_set:
-        return args.devices
+        return args.devices * processes
     if args.mesh is None or not args.mesh.strip():
         return None
     sizes = parse_mesh(
