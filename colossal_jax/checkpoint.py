@@ -16,6 +16,8 @@ from typing import Any
 import jax
 import orbax.checkpoint as ocp
 
+from colossal_jax.config import ConfigError
+
 
 class Checkpointer:
     """Save every ``every`` steps (and on demand); restore the latest complete step."""
@@ -38,15 +40,44 @@ class Checkpointer:
 
     def restore(self, step: int, abstract_state: Any) -> tuple[Any, dict]:
         """Restore ``step`` into the shardings of ``abstract_state`` (a tree of
-        ``jax.ShapeDtypeStruct`` with ``sharding`` set), which may differ from those saved."""
-        restored = self.manager.restore(
-            step,
-            args=ocp.args.Composite(
-                state=ocp.args.StandardRestore(abstract_state),
-                meta=ocp.args.JsonRestore(),
-            ),
-        )
+        ``jax.ShapeDtypeStruct`` with ``sharding`` set), which may differ from those saved.
+
+        A checkpoint whose arrays do not fit ``abstract_state`` (another model shape, vocabulary,
+        optimizer or precision) is a one-line :class:`ConfigError` naming the first differing
+        array, its saved and expected shape, checked against the stored metadata before any
+        array is read; a mismatch the check misses is reported the same way when orbax refuses
+        it."""
+        saved = self.saved_shapes(step)
+        if saved is not None:
+            check_fits(saved, leaf_shapes(abstract_state), self.directory / str(step))
+        try:
+            restored = self.manager.restore(
+                step,
+                args=ocp.args.Composite(
+                    state=ocp.args.StandardRestore(abstract_state),
+                    meta=ocp.args.JsonRestore(),
+                ),
+            )
+        except (ValueError, TypeError, KeyError) as e:
+            where = self.directory / str(step)
+            if saved is not None:  # names the leaf if the metadata shows it after all
+                check_fits(saved, leaf_shapes(abstract_state), where, strict=True)
+            first = (str(e).strip().splitlines() or [type(e).__name__])[0][:300]
+            raise ConfigError(
+                f"the checkpoint {where} does not fit this run ({first}); resume it with the "
+                "model, data, optimizer and precision that wrote it, or use another "
+                "--checkpoint-dir"
+            ) from None
         return restored["state"], dict(restored["meta"])
+
+    def saved_shapes(self, step: int) -> dict[str, tuple[int, ...]] | None:
+        """``dotted path -> shape`` of the arrays saved at ``step``, from orbax's metadata (no
+        array is read); None if the metadata cannot be read."""
+        try:
+            tree = ocp.StandardCheckpointHandler().metadata(self.directory / str(step) / "state")
+            return leaf_shapes(tree)
+        except Exception:  # noqa: BLE001 - an unreadable layout is left to the restore itself
+            return None
 
     def save(self, step: int, state: Any, meta: dict, *, force: bool = False) -> bool:
         """Start an asynchronous save of ``step`` if it is due (or ``force``)."""
@@ -81,3 +112,58 @@ def abstract_like(tree: Any, shardings: Any) -> Any:
     return jax.tree.map(
         place, shardings, tree, is_leaf=lambda s: isinstance(s, jax.sharding.Sharding)
     )
+
+
+def _key(k: Any) -> str:
+    for attr in ("key", "name", "idx"):
+        if hasattr(k, attr):
+            return str(getattr(k, attr))
+    return str(k)
+
+
+def leaf_shapes(tree: Any) -> dict[str, tuple[int, ...]]:
+    """``dotted path -> shape`` of every array leaf of ``tree`` (arrays, ``ShapeDtypeStruct``s or
+    orbax ``ArrayMetadata``), in orbax's naming: named-tuple fields by name, sequences by
+    index, so a restore target and a checkpoint's metadata compare."""
+    out: dict[str, tuple[int, ...]] = {}
+    for path, leaf in jax.tree_util.tree_leaves_with_path(tree):
+        shape = getattr(leaf, "shape", None)
+        if shape is None:
+            continue
+        out[".".join(_key(k) for k in path)] = tuple(int(n) for n in shape)
+    return out
+
+
+def check_fits(
+    saved: dict[str, tuple[int, ...]],
+    expected: dict[str, tuple[int, ...]],
+    where: Any,
+    *,
+    strict: bool = False,
+) -> None:
+    """Raise a one-line :class:`ConfigError` naming the first array whose saved shape differs
+    from the expected one, or that only one side has. Unless ``strict``, trees that share no
+    path at all are not judged (a naming this function does not know, not a mismatch)."""
+    if not strict and not saved.keys() & expected.keys():
+        return
+    fix = (
+        "resume it with the model, data, optimizer and precision that wrote it, or use another "
+        "--checkpoint-dir"
+    )
+    for path, shape in expected.items():
+        if path not in saved:
+            raise ConfigError(
+                f"the checkpoint {where} has no array {path} (this run expects shape "
+                f"{shape}); {fix}"
+            )
+        if saved[path] != shape:
+            raise ConfigError(
+                f"the checkpoint {where} holds {path} with shape {saved[path]}, but this run "
+                f"expects {shape}; {fix}"
+            )
+    for path, shape in saved.items():
+        if path not in expected:
+            raise ConfigError(
+                f"the checkpoint {where} holds an array {path} {shape} that this run does not "
+                f"have; {fix}"
+            )

@@ -194,6 +194,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="split each batch into N microbatches and accumulate their gradients (same update)",
     )
     a(
+        "--device-batch",
+        type=_int,
+        default=d.device_batch,
+        help="sequences per batch shard per microbatch: accumulate batch/(shards·N) microbatches, "
+        "so --batch-size stays the global batch on any mesh (e.g. when resuming elsewhere)",
+    )
+    a(
         "--offload",
         default=d.offload,
         help=f"one of {', '.join(OFFLOADS)}: keep optimizer state (params: and ZeRO-3 "
@@ -368,9 +375,7 @@ def _check_model_name(name: str) -> None:
 
 
 def _architecture(name: str, overrides: dict) -> dict:
-    from models.configs import model_config
-
-    return dataclasses.asdict(model_config(name, **overrides))
+    return preflight.architecture(name, overrides)
 
 
 def list_models() -> list[str]:
@@ -433,6 +438,7 @@ def config_from_args(args, n_devices: int) -> TrainConfig:
         precision=args.precision,
         remat=args.remat,
         grad_accum=args.grad_accum,
+        device_batch=args.device_batch,
         offload=args.offload,
         seed=args.seed,
         attention=args.attention,
@@ -494,7 +500,7 @@ def main(argv: list[str] | None = None) -> int:
                 raise ConfigError(f"--devices {args.devices} but only {available} are available")
             n = args.devices
         cfg = config_from_args(args, n)
-        preflight.check_resume(cfg, _architecture)
+        preflight.check_resume(cfg)
         from colossal_jax.train import train
 
         notes = [note] if (note := warmup_note(cfg)) else []

@@ -342,6 +342,10 @@ class TrainConfig:
         (:mod:`colossal_jax.remat`).
       grad_accum: microbatches accumulated per optimizer step (the batch is split into this
         many; the update equals the one of the whole batch).
+      device_batch: sequences per batch shard per microbatch; with it the accumulation count is
+        derived from the mesh, ``batch_size / (batch shards · pipeline microbatches ·
+        device_batch)`` (:func:`rules.grad_accum_of`), so ``batch_size`` stays the global batch
+        when a checkpoint resumes on more or fewer devices. ``None``: use ``grad_accum``.
       offload: none | optimizer | params: keep the optimizer state (``params``: and, with
         ZeRO-3, the parameters) in host memory between steps.
       seed: seeds parameter init and the data order.
@@ -367,6 +371,7 @@ class TrainConfig:
     precision: str = "fp32"
     remat: str = "none"
     grad_accum: int = 1
+    device_batch: int | None = None
     offload: str = "none"
     seed: int = 0
     data: str = "stdlib"

@@ -157,29 +157,78 @@ def check_data(value: str) -> None:
     load_corpus(value)
 
 
-def check_resume(cfg, architecture) -> None:
-    """A ``--checkpoint-dir`` holding a run must be resumed with the same model and optimizer
-    (their arrays must fit), read from the latest checkpoint's JSON metadata; the mesh may differ.
-    ``architecture(name, overrides)`` is the resolved model config as a dict."""
+def architecture(name: str, overrides: dict) -> dict:
+    """The model config ``name`` with ``overrides`` (``model_config``) as a dict of fields."""
+    import dataclasses
+
+    from models.configs import model_config
+
+    return dataclasses.asdict(model_config(name, **overrides))
+
+
+def _sized_for_data(overrides: dict, data: str | None) -> dict:
+    """``overrides`` with the vocabulary of ``data`` where they do not set one (as
+    ``rules.resolve_model`` sizes the model)."""
+    from colossal_jax.data import vocab_of
+
+    if "vocab_size" in overrides or data is None:
+        return dict(overrides)
+    vocab = vocab_of(data)
+    return dict(overrides) if vocab is None else {**overrides, "vocab_size": vocab}
+
+
+def latest_checkpoint_meta(checkpoint_dir: str | None) -> tuple[int, dict] | None:
+    """``(step, metadata)`` of the latest complete checkpoint in ``checkpoint_dir`` (the JSON
+    that ``train`` writes next to the arrays), or None if there is none or it is unreadable."""
     import json
 
-    root = Path(cfg.checkpoint_dir or "")
+    if checkpoint_dir is None:
+        return None
+    root = Path(checkpoint_dir)
     steps = sorted(
-        (int(p.name), p) for p in root.glob("*") if p.name.isdigit() and (p / "meta").is_dir()
+        (int(p.name), p)
+        for p in root.glob("*")
+        if p.name.isdigit() and (p / "meta").is_dir() and not p.name.startswith(".")
     )
-    if cfg.checkpoint_dir is None or not steps:
-        return
+    if not steps:
+        return None
     step, path = steps[-1]
     try:
-        saved = json.loads((path / "meta" / "metadata").read_text())["config"]
-        before = architecture(saved["model"], saved.get("model_overrides", {}))
+        return step, json.loads((path / "meta" / "metadata").read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def check_resume(cfg, architecture=architecture) -> None:
+    """A ``--checkpoint-dir`` holding a run must be resumed with arrays of the same shapes: the
+    same model (name, ``--set model.*``, and the vocabulary of ``--data``), the same seed (the
+    data order), and an optimizer whose state has the same structure (name, clipping on or off,
+    SGD momentum on or off, fp16 loss scaling or not). Read from the latest checkpoint's JSON
+    metadata, before JAX; the mesh, ZeRO stage, pipeline and ``--device-batch`` may differ.
+    ``architecture(name, overrides)`` is a model config as a dict. ``cli.main`` and
+    ``train.train`` both call this, so the command line and the Python API refuse alike."""
+    found = latest_checkpoint_meta(cfg.checkpoint_dir)
+    if found is None:
+        return
+    step, meta = found
+    try:
+        saved = meta["config"]
         optim = saved["optim"]
-    except (OSError, ValueError, KeyError, TypeError):
+        old_data = saved.get("data")
+        if isinstance(meta.get("architecture"), dict):
+            before = meta["architecture"]
+        else:  # written before the resolved model was saved: size it for the saved data
+            try:
+                sized = _sized_for_data(saved.get("model_overrides", {}), old_data)
+            except ConfigError:  # the saved data file is gone or changed
+                sized = saved.get("model_overrides", {})
+            before = architecture(saved["model"], sized)
+    except (ValueError, KeyError, TypeError, AttributeError):
         return  # not ours to judge; the restore reports it
     try:
-        now = architecture(cfg.model, cfg.model_overrides)
+        now = architecture(cfg.model, _sized_for_data(cfg.model_overrides, cfg.data))
     except (ValueError, TypeError, KeyError):
-        return  # a bad model override; building the model reports it
+        return  # a bad model override or data file; building the model reports it
     where = f"--checkpoint-dir {cfg.checkpoint_dir} holds step {step} of a run with"
     other = "or another --checkpoint-dir"
     if saved["model"] != cfg.model:
@@ -187,7 +236,13 @@ def check_resume(cfg, architecture) -> None:
             f"{where} --model {saved['model']}, not {cfg.model}; use --model "
             f"{saved['model']} to resume it, {other}"
         )
-    changed = [k for k in now if now[k] != before.get(k)]
+    changed = [k for k in now if k in before and now[k] != before[k]]
+    if "vocab_size" in changed and "vocab_size" not in cfg.model_overrides:
+        old, new = before["vocab_size"], now["vocab_size"]
+        raise ConfigError(
+            f"{where} a vocabulary of {old} tokens (--data {old_data}), not {new} (--data "
+            f"{cfg.data}); use --data {old_data} to resume it, {other}"
+        )
     if changed:
         was = " ".join(f"model.{k}={before.get(k)}" for k in changed)
         given = ", ".join(f"model.{k}={now[k]}" for k in changed)
@@ -200,15 +255,35 @@ def check_resume(cfg, architecture) -> None:
             f"{where} --seed {saved['seed']}, not {cfg.seed} (the data order would change); use "
             f"--seed {saved['seed']} to resume it, {other}"
         )
-    for flag, key, same in (
-        ("--optimizer", "name", lambda a, b: a == b),
-        ("--clip-norm", "clip_norm", lambda a, b: (a > 0) == (b > 0)),
+    name = optim.get("name")
+    momentum = name in ("sgd",)  # optax.sgd keeps a momentum trace only when b1 > 0
+    for flag, old, new, same in (
+        ("--optimizer", name, cfg.optim.name, lambda a, b: a == b),
+        (
+            "--clip-norm",
+            optim.get("clip_norm"),
+            cfg.optim.clip_norm,
+            lambda a, b: (a > 0) == (b > 0),
+        ),
+        (
+            "--set optim.b1=",
+            optim.get("b1") if momentum else None,
+            cfg.optim.b1,
+            lambda a, b: (a > 0) == (b > 0),
+        ),
+        (
+            "--precision",
+            saved.get("precision"),
+            cfg.precision,
+            lambda a, b: (a == "fp16") == (b == "fp16"),
+        ),
     ):
-        old, new = optim.get(key), getattr(cfg.optim, key)
         if old is not None and not same(old, new):
+            sep = "" if flag.endswith("=") else " "
+            what = "its loss scale" if flag == "--precision" else "its optimizer state"
             raise ConfigError(
-                f"{where} {flag} {old}, not {new} (its optimizer state would not fit); use "
-                f"{flag} {old} to resume it, {other}"
+                f"{where} {flag}{sep}{old}, not {new} ({what} would not fit); use "
+                f"{flag}{sep}{old} to resume it, {other}"
             )
 
 

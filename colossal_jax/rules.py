@@ -272,6 +272,13 @@ def check_memory_modes(cfg: TrainConfig) -> None:
             f"--grad-accum {cfg.grad_accum} must be at least 1 (1: no accumulation; e.g. "
             "--grad-accum 4)"
         )
+    if cfg.device_batch is not None and (
+        not isinstance(cfg.device_batch, int) or cfg.device_batch < 1
+    ):
+        raise ConfigError(
+            f"--device-batch {cfg.device_batch} must be at least 1 (sequences per batch shard "
+            "per microbatch; e.g. --device-batch 2), or omit it"
+        )
     par = cfg.parallel
     if cfg.offload == "params" and par.zero != 3:
         raise ConfigError(
@@ -534,11 +541,13 @@ def check_run(cfg: TrainConfig, model: Any) -> None:
             f"--batch-size {cfg.batch_size} is not divisible by the {split} batch shards of the "
             f"mesh ({par.short()}, tensor_mode={par.tensor_mode}); use --batch-size {good}"
         )
-    if cfg.grad_accum > 1 and not par.pipelined and cfg.batch_size % (split * cfg.grad_accum):
-        n = split * cfg.grad_accum
+    check_device_batch(cfg)
+    accum = grad_accum_of(cfg)
+    if accum > 1 and not par.pipelined and cfg.batch_size % (split * accum):
+        n = split * accum
         raise ConfigError(
-            f"--batch-size {cfg.batch_size} does not divide into --grad-accum {cfg.grad_accum} "
-            f"microbatches over the {split} batch shards ({split}·{cfg.grad_accum} = {n}); use "
+            f"--batch-size {cfg.batch_size} does not divide into --grad-accum {accum} "
+            f"microbatches over the {split} batch shards ({split}·{accum} = {n}); use "
             f"--batch-size {n * max(1, round(cfg.batch_size / n))} or a smaller --grad-accum"
         )
     if par.seq > 1:
@@ -563,6 +572,56 @@ def check_run(cfg: TrainConfig, model: Any) -> None:
             )
     except ConfigError as e:
         raise ConfigError(f"{e} (model {cfg.model}, tensor_mode={par.tensor_mode})") from None
+
+
+def grad_accum_of(cfg: TrainConfig) -> int:
+    """Microbatches accumulated per optimizer step, the one place the step count of the
+    accumulation is derived: ``--grad-accum``, or with ``--device-batch D`` the count that makes
+    each microbatch ``D`` sequences per batch shard, ``batch_size / (batch_shards · M · D)``
+    (M: the pipeline's microbatches, 1 without a pipeline). The global batch, and so the loss
+    sequence, is then the same on any mesh. A batch that does not divide is refused by
+    :func:`check_device_batch`; here the count is floored (at least 1)."""
+    if cfg.device_batch is None:
+        return cfg.grad_accum
+    per_step = batch_shards(cfg.parallel) * cfg.parallel.num_microbatches * cfg.device_batch
+    return max(1, cfg.batch_size // per_step)
+
+
+def check_device_batch(cfg: TrainConfig) -> None:
+    """``--device-batch D`` divides the sequences each batch shard gets per pipeline microbatch
+    (``batch_size / (batch_shards · M)``), and agrees with an explicit ``--grad-accum`` > 1."""
+    d = cfg.device_batch
+    if d is None:
+        return
+    par = cfg.parallel
+    shards, m = batch_shards(par), par.num_microbatches
+    pieces = shards * m
+    where = f"the {shards} batch shards of the mesh ({par.short()}, tensor_mode={par.tensor_mode})"
+    if m > 1:
+        where += f" × {m} pipeline microbatches"
+    if cfg.batch_size % pieces:
+        good = pieces * d * max(1, round(cfg.batch_size / (pieces * d)))
+        raise ConfigError(
+            f"--batch-size {cfg.batch_size} does not split over {where} ({pieces} pieces); use "
+            f"--batch-size {good} (--device-batch {d} accumulates {good // (pieces * d)} "
+            "microbatches)"
+        )
+    per = cfg.batch_size // pieces
+    if per % d:
+        fits = [k for k in range(1, per + 1) if per % k == 0]
+        near = _near(d, fits) if d <= per else [per]
+        good = pieces * d * max(1, round(cfg.batch_size / (pieces * d)))
+        raise ConfigError(
+            f"--device-batch {d} does not divide the {per} sequences per shard of --batch-size "
+            f"{cfg.batch_size} over {where}; use --device-batch {' or '.join(map(str, near))}, "
+            f"or --batch-size {good}"
+        )
+    if cfg.grad_accum > 1 and cfg.grad_accum != per // d:
+        raise ConfigError(
+            f"--grad-accum {cfg.grad_accum} contradicts --device-batch {d}: --batch-size "
+            f"{cfg.batch_size} over {where} is {per // d} microbatches of {d} sequences per "
+            f"shard; omit --grad-accum (--device-batch derives it) or use --grad-accum {per // d}"
+        )
 
 
 def check_seq_split(seq_len: int, seq: int, *, zigzag: bool) -> None:
@@ -594,7 +653,8 @@ def check_ulysses_heads(heads: int, seq: int, head_split: int = 1) -> None:
 
 def _check_pipeline_split(cfg: TrainConfig, model: Any, split: int) -> None:
     # gradient accumulation composes with a pipeline as more microbatches per step
-    par, m = cfg.parallel, cfg.parallel.num_microbatches * cfg.grad_accum
+    par, accum = cfg.parallel, grad_accum_of(cfg)
+    m = par.num_microbatches * accum
     chunks = par.pipe * par.virtual_stages
     if model.n_layer % chunks:
         good = chunks * max(1, round(model.n_layer / chunks))
@@ -610,7 +670,7 @@ def _check_pipeline_split(cfg: TrainConfig, model: Any, split: int) -> None:
         raise ConfigError(
             f"--batch-size {cfg.batch_size} does not divide into {m} microbatches over the "
             f"{split} batch shards ({split}·{m} = {split * m}); use --batch-size {good} or "
-            "fewer --microbatches" + (" / --grad-accum" if cfg.grad_accum > 1 else "")
+            "fewer --microbatches" + (" / --grad-accum" if accum > 1 else "")
         )
 
 

@@ -33,7 +33,7 @@ from colossal_jax.layers import use_parallelism
 from colossal_jax.mesh import build_mesh
 from colossal_jax.metrics import MetricsWriter, device_memory, peak_flops
 from colossal_jax.optim import make_optimizer, schedule
-from colossal_jax.rules import resolve_model
+from colossal_jax.rules import grad_accum_of, resolve_model
 from colossal_jax.sharding import make_layout, make_local_attention, tree_shardings
 from colossal_jax.step import sharded_value_and_grad, stack_layer_dims
 from colossal_jax.tensor.layout import LocalAttention, TensorLayout
@@ -151,7 +151,7 @@ def build(cfg: TrainConfig) -> Run:
         par = cfg.parallel
         # gradient accumulation composes with the pipeline as more microbatches per step
         schedule = build_schedule(
-            par.pipeline, par.pipe, par.num_microbatches * cfg.grad_accum, par.virtual_stages
+            par.pipeline, par.pipe, par.num_microbatches * grad_accum_of(cfg), par.virtual_stages
         )
 
     order = None
@@ -263,7 +263,7 @@ def _value_and_grad_fn(run: Run) -> Callable:
             dims=run.zero_dims,
             layer_dims=run.layer_dims,
             stage=run.cfg.parallel.zero,
-            accum=run.cfg.grad_accum,
+            accum=grad_accum_of(run.cfg),
             remat=RematPolicy(run.cfg.remat).policy(),
             compute_dtype=compute_dtype,
         )
@@ -480,6 +480,10 @@ def train(
     With ``cfg.checkpoint_dir`` set it resumes from the latest checkpoint there. ``log`` receives
     each line of output; ``progress`` shows a progress bar."""
     t_start = time.perf_counter()
+    if cfg.checkpoint_dir is not None:
+        from colossal_jax.preflight import check_resume
+
+        check_resume(cfg)  # as cli.main does: a checkpoint of another model is one line, at once
     run = build(cfg)
     is_main = jax.process_index() == 0
     n_params = sum(math.prod(x.shape) for x in jax.tree.leaves(run.abstract_params))
@@ -488,7 +492,8 @@ def train(
         log(
             f"model {cfg.model}: {n_params / 1e6:.2f}M parameters, layers={run.model.n_layer} "
             f"hidden={run.model.n_embd} heads={run.model.n_head} vocab={run.model.vocab_size}; "
-            f"data {run.batches.corpus.name}; batch {cfg.batch_size}×{cfg.seq_len} tokens; "
+            f"data {run.batches.corpus.name}; batch {cfg.batch_size}×{cfg.seq_len} tokens"
+            f"{_accumulation(cfg)}; "
             f"{cfg.optim.name} lr={cfg.optim.lr} precision={cfg.precision}"
         )
 
@@ -604,7 +609,7 @@ def train(
                 ckpt.save(
                     step,
                     {"params": params, "opt_state": opt_state},
-                    _meta(cfg, step),
+                    _meta(cfg, step, run.model),
                     force=step == cfg.steps,
                 )
     finally:
@@ -643,15 +648,32 @@ def train(
     return summary
 
 
-def _meta(cfg: TrainConfig, step: int) -> dict:
-    return {
+def _meta(cfg: TrainConfig, step: int, model: GPTConfig | None = None) -> dict:
+    """The JSON saved with a checkpoint; ``architecture`` (the resolved model config, the data's
+    vocabulary included) is what ``preflight.check_resume`` compares a resume against."""
+    meta = {
         "step": step,
         "data_position": step,  # batches are a pure function of (seed, step)
         "seed": cfg.seed,
         "model": cfg.model,
         "mesh": cfg.parallel.short(),
+        "grad_accum": grad_accum_of(cfg),
         "config": _jsonable(dataclasses.asdict(cfg)),
     }
+    if model is not None:
+        meta["architecture"] = _jsonable(dataclasses.asdict(model))
+    return meta
+
+
+def _accumulation(cfg: TrainConfig) -> str:
+    """`` in N microbatches of D per shard`` for the log line, or "" without accumulation."""
+    from colossal_jax.rules import batch_shards
+
+    accum = grad_accum_of(cfg)
+    if accum == 1:
+        return ""
+    per = cfg.batch_size // (batch_shards(cfg.parallel) * cfg.parallel.num_microbatches * accum)
+    return f" accumulated in {accum} microbatches of {per} per batch shard"
 
 
 def _jsonable(x):
