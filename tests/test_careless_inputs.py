@@ -130,6 +130,10 @@ CASES = [
     case(["--set", "model.n_layer"], "'model.n_layer' is not KEY=VALUE", "model.n_layer=2"),
     case(["--set", "nosuchkey=1"], "--set nosuchkey", "use model.*, optim.*, parallel.*"),
     case(["--set", "stesp=3"], "--set stesp", "did you mean 'steps'?"),
+    # ---- --device-batch: the accumulation count derived from the mesh (default data=8, batch 16)
+    case(["--device-batch", "3"], "--device-batch 3", "use --device-batch 2, or --batch-size 24"),
+    case(["--device-batch", "1", "--grad-accum", "4"], "--grad-accum 4", "use --grad-accum 2"),
+    case(["--device-batch", "0"], "--device-batch 0", "e.g. --device-batch 2"),
     # ---- resuming a checkpoint directory with another model, optimizer or seed
     case(
         ["--checkpoint-dir", "{ckpt}"],
