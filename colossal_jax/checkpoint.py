@@ -18,6 +18,7 @@ latest is raised, since a mismatched model fails every step alike.
 from __future__ import annotations
 
 import shutil
+import sys
 import warnings
 from collections.abc import Callable
 from pathlib import Path
@@ -77,6 +78,7 @@ class Checkpointer:
                     state, meta = self.restore(step, abstract_state)
             except Exception as e:  # noqa: BLE001 - tensorstore raises plain Exception
                 failed.append((step, _reason(e)))
+                _quiet_closed_loop_callbacks()
                 continue
             for bad, why in failed:
                 where = self._set_aside(bad)
@@ -146,6 +148,25 @@ class Checkpointer:
         """Wait for pending writes and release the manager."""
         self.manager.wait_until_finished()
         self.manager.close()
+
+
+def _quiet_closed_loop_callbacks() -> None:
+    """After a failed restore, tensorstore still completes the reads orbax abandoned, and their
+    callbacks find orbax's event loop closed: a ``RuntimeError('Event loop is closed')`` per
+    read, printed by ``sys.unraisablehook`` as a traceback. Drop those (the failure is already
+    reported in one line); pass anything else to the hook that was there."""
+    previous = sys.unraisablehook
+    if getattr(previous, "_colossal_quiet", False):
+        return
+
+    def hook(unraisable: Any) -> None:
+        e = unraisable.exc_value
+        if isinstance(e, RuntimeError) and str(e) == "Event loop is closed":
+            return
+        previous(unraisable)
+
+    hook._colossal_quiet = True  # type: ignore[attr-defined]
+    sys.unraisablehook = hook
 
 
 def _reason(e: BaseException) -> str:

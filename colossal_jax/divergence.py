@@ -63,7 +63,7 @@ class Guard:
         if not math.isfinite(loss):
             return f"loss is {loss}"
         if not math.isfinite(grad_norm):
-            return f"gradient norm is {grad_norm} (loss {loss:.4f})"
+            return f"gradient norm is {grad_norm} (loss {loss:.6g})"
         return None
 
 
