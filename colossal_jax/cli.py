@@ -488,7 +488,6 @@ def main(argv: list[str] | None = None) -> int:
     interrupted)."""
     from colossal_jax.divergence import EXIT_CODE, Diverged
 
-    signals.install()
     try:
         args = build_parser().parse_args(argv)
         if args.list_meshes:
@@ -544,7 +543,10 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def run() -> None:
-    """The process entry point: :func:`main`, then exit with its status."""
+    """The process entry point: SIGINT/SIGTERM handlers (:mod:`colossal_jax.signals`), then
+    :func:`main`, then exit with its status. (``main`` alone, as tests call it, leaves the
+    handlers of the calling program alone.)"""
+    signals.install()
     sys.exit(main())
 
 
