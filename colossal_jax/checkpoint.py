@@ -4,12 +4,23 @@ A checkpoint holds the parameters, the optimizer state (which carries the step c
 schedule), and JSON metadata: the step (which is also the data position, since batches are a pure
 function of ``(seed, step)``), the seed, and the configuration that wrote it. Orbax writes each
 step into a temporary directory and renames it when every array is on disk, so a run killed at
-any instant leaves either a complete checkpoint or one that :class:`Checkpointer` never sees.
-Saves are asynchronous: training continues while arrays are written.
+any instant leaves either a complete checkpoint or one that :class:`Checkpointer` never sees
+(the temporary directories of such saves, ``N.orbax-checkpoint-tmp-*``, are removed when the next
+run opens the directory). Saves are asynchronous: training continues while arrays are written.
+
+A checkpoint damaged after it was written (a file truncated or removed, unreadable metadata)
+fails to restore; :meth:`Checkpointer.restore_latest` then takes the one before it, moves the
+damaged one aside to ``N.corrupt`` (where orbax no longer counts it) and says so in one line.
+A checkpoint is called damaged only when an older one restores: if none does, the error of the
+latest is raised, since a mismatched model fails every step alike.
 """
 
 from __future__ import annotations
 
+import shutil
+import sys
+import warnings
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -18,24 +29,93 @@ import orbax.checkpoint as ocp
 
 from colossal_jax.config import ConfigError
 
+CORRUPT_SUFFIX = ".corrupt"
+
 
 class Checkpointer:
-    """Save every ``every`` steps (and on demand); restore the latest complete step."""
+    """Save every ``every`` steps (and on demand), keeping the ``max_to_keep`` latest; restore
+    the latest complete step. ``read_only``: restore only (no clean-up of the directory, which a
+    running training may be writing)."""
 
-    def __init__(self, directory: str | Path, every: int, *, max_to_keep: int = 3):
+    def __init__(
+        self,
+        directory: str | Path,
+        every: int,
+        *,
+        max_to_keep: int = 3,
+        read_only: bool = False,
+    ):
         self.directory = Path(directory).resolve()
         self.every = every
+        self.read_only = read_only
         options = ocp.CheckpointManagerOptions(
             max_to_keep=max_to_keep,
             save_interval_steps=1,
             enable_async_checkpointing=True,
-            create=True,
+            create=not read_only,
+            read_only=read_only,
+            cleanup_tmp_directories=not read_only,
         )
         self.manager = ocp.CheckpointManager(
             self.directory, options=options, item_names=("state", "meta")
         )
 
     def latest_step(self) -> int | None:
+        return self.manager.latest_step()
+
+    def restore_latest(
+        self, abstract_state: Any, warn: Callable[[str], None]
+    ) -> tuple[Any, dict, int] | None:
+        """``(state, meta, step)`` of the latest checkpoint that restores, or None if there is
+        none. Each newer one that fails is reported through ``warn`` (one line) and moved aside;
+        if none restores, a :class:`ConfigError` names the latest and why it failed."""
+        steps = sorted(self.manager.all_steps(), reverse=True)
+        failed: list[tuple[int, str]] = []
+        for step in steps:
+            try:
+                with warnings.catch_warnings():
+                    warnings.simplefilter("ignore")  # orbax's own noise about the failed read
+                    state, meta = self.restore(step, abstract_state)
+            except Exception as e:  # noqa: BLE001 - tensorstore raises plain Exception
+                failed.append((step, _reason(e)))
+                _quiet_closed_loop_callbacks()
+                continue
+            for bad, why in failed:
+                where = self._set_aside(bad)
+                moved = f"; moved to {where.name}" if where is not None else ""
+                warn(
+                    f"warning: checkpoint step {bad} in {self.directory} is incomplete or "
+                    f"corrupt ({why}{moved}); using step {step}"
+                )
+            if failed:
+                self.manager.reload()
+            return state, meta, step
+        if not failed:
+            return None
+        step, why = failed[0]
+        older = ", ".join(str(s) for s, _ in failed[1:])
+        raise ConfigError(
+            f"no checkpoint in {self.directory} can be restored: step {step} fails ({why})"
+            + (f", and so do steps {older}" if older else "")
+            + "; move the directory aside or use another --checkpoint-dir"
+        )
+
+    def _set_aside(self, step: int) -> Path | None:
+        """Rename the directory of ``step`` to ``N.corrupt`` (process 0; not when read-only)."""
+        if self.read_only or jax.process_index() != 0:
+            return None
+        src = self.directory / str(step)
+        dst = self.directory / f"{step}{CORRUPT_SUFFIX}"
+        if not src.is_dir():
+            return None
+        if dst.exists():
+            shutil.rmtree(dst)
+        src.rename(dst)
+        return dst
+
+    def wait(self) -> int | None:
+        """Wait for pending writes; the latest step on disk (None if none)."""
+        self.manager.wait_until_finished()
         return self.manager.latest_step()
 
     def restore(self, step: int, abstract_state: Any) -> tuple[Any, dict]:
@@ -97,6 +177,32 @@ class Checkpointer:
         """Wait for pending writes and release the manager."""
         self.manager.wait_until_finished()
         self.manager.close()
+
+
+def _quiet_closed_loop_callbacks() -> None:
+    """After a failed restore, tensorstore still completes the reads orbax abandoned, and their
+    callbacks find orbax's event loop closed: a ``RuntimeError('Event loop is closed')`` per
+    read, printed by ``sys.unraisablehook`` as a traceback. Drop those (the failure is already
+    reported in one line); pass anything else to the hook that was there."""
+    previous = sys.unraisablehook
+    if getattr(previous, "_colossal_quiet", False):
+        return
+
+    def hook(unraisable: Any) -> None:
+        e = unraisable.exc_value
+        if isinstance(e, RuntimeError) and str(e) == "Event loop is closed":
+            return
+        previous(unraisable)
+
+    hook._colossal_quiet = True  # type: ignore[attr-defined]
+    sys.unraisablehook = hook
+
+
+def _reason(e: BaseException) -> str:
+    """The first line of ``e``, short enough for a one-line warning."""
+    text = str(e).strip().splitlines()[0] if str(e).strip() else ""
+    text = text if len(text) <= 120 else text[:117] + "..."
+    return f"{type(e).__name__}: {text}" if text else type(e).__name__
 
 
 def abstract_like(tree: Any, shardings: Any) -> Any:

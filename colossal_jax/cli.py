@@ -3,7 +3,10 @@
 JAX is imported only after the flags are parsed, so ``--devices N`` can set XLA_FLAGS to simulate
 N host devices on a CPU, and only after every rule of :mod:`colossal_jax.rules` has passed when
 the device count is known without JAX (``--devices N``, or a ``--mesh`` that names ``data``).
-Configuration errors print one line ``error: ...`` and exit with status 2.
+Configuration errors print one line ``error: ...`` and exit with status 2; a non-finite loss
+stops the run with status 3 (:mod:`colossal_jax.divergence`); SIGINT and SIGTERM stop it after a
+checkpoint with status 130 and 143 (:mod:`colossal_jax.signals`), at any moment without a
+traceback.
 """
 
 from __future__ import annotations
@@ -13,9 +16,10 @@ import dataclasses
 import math
 import os
 import re
+import signal
 import sys
 
-from colossal_jax import preflight, rules
+from colossal_jax import preflight, rules, signals
 from colossal_jax.config import (
     AXES,
     OFFLOADS,
@@ -112,6 +116,9 @@ def build_parser() -> argparse.ArgumentParser:
     p = _Parser(
         prog="train.py",
         description="Train a GPT with data, tensor (1D/2D/2.5D/3D) and sequence parallelism.",
+        epilog="exit status: 0 done; 2 configuration error; 3 a loss or gradient norm was not "
+        "finite (that step is not saved; fp16: see README); 130/143 SIGINT/SIGTERM (a checkpoint "
+        "at the step reached, then exit; re-run the same command to resume)",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
         allow_abbrev=False,  # --step is a mistake for --steps, not an abbreviation of it
     )
@@ -234,6 +241,12 @@ def build_parser() -> argparse.ArgumentParser:
         type=_int,
         default=d.checkpoint_every,
         help="save a checkpoint every N steps (and at the end)",
+    )
+    a(
+        "--keep-checkpoints",
+        type=_int,
+        default=d.keep_checkpoints,
+        help="keep the K latest checkpoints (a damaged latest one is skipped for the one before)",
     )
     a(
         "--set",
@@ -445,6 +458,7 @@ def config_from_args(args, n_devices: int) -> TrainConfig:
         data=args.data,
         checkpoint_dir=args.checkpoint_dir,
         checkpoint_every=args.checkpoint_every,
+        keep_checkpoints=args.keep_checkpoints,
         metrics_file=args.metrics_file,
         tensorboard_dir=args.tensorboard_dir,
         eval_every=args.eval_every,
@@ -470,7 +484,19 @@ def _log_after(notes: list[str]):
     return log
 
 
+def _stop_if_signalled(where: str) -> None:
+    if (signum := signals.received()) is not None:
+        head = "interrupted"
+        if signum != signal.SIGINT:
+            head += f" by {signals.name(signum)}"
+        raise signals.Interrupted(signum, f"{head} {where}; nothing saved")
+
+
 def main(argv: list[str] | None = None) -> int:
+    """Run the command line; returns the exit status (0, 2 configuration, 3 diverged, 130/143
+    interrupted)."""
+    from colossal_jax.divergence import EXIT_CODE, Diverged
+
     try:
         args = build_parser().parse_args(argv)
         if args.list_meshes:
@@ -501,6 +527,7 @@ def main(argv: list[str] | None = None) -> int:
             n = args.devices
         cfg = config_from_args(args, n)
         preflight.check_resume(cfg)
+        _stop_if_signalled("before training started")
         from colossal_jax.train import train
 
         notes = [note] if (note := warmup_note(cfg)) else []
@@ -513,10 +540,24 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:
+    except Diverged as e:
+        print(f"error: {e.line}", file=sys.stderr)
+        return EXIT_CODE
+    except signals.Interrupted as e:
+        print(e.line, file=sys.stderr)
+        return e.exit_code
+    except KeyboardInterrupt:  # a SIGINT before the handlers were installed
         print("interrupted", file=sys.stderr)
         return 130
 
 
-if __name__ == "__main__":
+def run() -> None:
+    """The process entry point: SIGINT/SIGTERM handlers (:mod:`colossal_jax.signals`), then
+    :func:`main`, then exit with its status. (``main`` alone, as tests call it, leaves the
+    handlers of the calling program alone.)"""
+    signals.install()
     sys.exit(main())
+
+
+if __name__ == "__main__":
+    run()

@@ -351,6 +351,8 @@ class TrainConfig:
       seed: seeds parameter init and the data order.
       data: ``stdlib`` (embedded corpus), ``synthetic``, or a path to a text or ``.npy`` file.
       checkpoint_dir, checkpoint_every: orbax checkpoints (every N steps and at the end).
+      keep_checkpoints: how many of the latest checkpoints to keep (older ones are deleted); a
+        damaged latest one is skipped for the one before it.
       metrics_file: JSON lines, one record per step. tensorboard_dir: TensorBoard event files.
       devices: use the first N devices (default: all).
       attention: ``auto | xla | cudnn`` block attention kernel (``auto``: cuDNN flash attention
@@ -377,6 +379,7 @@ class TrainConfig:
     data: str = "stdlib"
     checkpoint_dir: str | None = None
     checkpoint_every: int = 50
+    keep_checkpoints: int = 3
     metrics_file: str | None = None
     tensorboard_dir: str | None = None
     log_every: int = 1

@@ -9,6 +9,7 @@ never guessed.
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Any
 
@@ -67,10 +68,12 @@ class MetricsWriter:
                             kept.append(line)
                     except json.JSONDecodeError:
                         continue
-            self._file = path.open("w")
-            for line in kept:
-                self._file.write(line + "\n")
-            self._file.flush()
+            # rewritten beside and renamed over: a run killed here keeps the old records
+            tmp = path.with_name(f".{path.name}.tmp")
+            with tmp.open("w") as f:
+                f.writelines(line + "\n" for line in kept)
+            os.replace(tmp, path)
+            self._file = path.open("a")
         if tensorboard_dir:
             from tensorboardX import SummaryWriter
 

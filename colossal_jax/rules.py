@@ -256,8 +256,19 @@ def check_train(cfg: TrainConfig) -> None:
             f"--checkpoint-every {cfg.checkpoint_every} must be at least 1 "
             "(e.g. --checkpoint-every 50)"
         )
+    check_keep_checkpoints(cfg.keep_checkpoints)
     _check_run_fields(cfg)
     check_axes_for_modes(par)
+
+
+def check_keep_checkpoints(keep: int) -> None:
+    """``--keep-checkpoints K``: at least the latest one (2 or more leave one to fall back on when
+    the latest is damaged)."""
+    if not isinstance(keep, int) or keep < 1:
+        raise ConfigError(
+            f"--keep-checkpoints {keep} must be at least 1 (the latest is what a re-run resumes "
+            "from; 2 or more leave one to fall back on); e.g. --keep-checkpoints 3"
+        )
 
 
 def check_memory_modes(cfg: TrainConfig) -> None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import inspect
 import math
+import signal
 import sys
 import time
 import types
@@ -25,10 +26,12 @@ import optax
 from flax import nnx
 from jax.sharding import NamedSharding
 
+from colossal_jax import signals
 from colossal_jax.checkpoint import Checkpointer, abstract_like
 from colossal_jax.config import ConfigError, TrainConfig
 from colossal_jax.data import Batches, load_corpus, split_corpus
 from colossal_jax.devices import devices_hint
+from colossal_jax.divergence import Diverged, Guard, stop_line
 from colossal_jax.layers import use_parallelism
 from colossal_jax.mesh import build_mesh
 from colossal_jax.metrics import MetricsWriter, device_memory, peak_flops
@@ -333,20 +336,27 @@ def evaluate(
 
 
 def restore(run: Run, checkpoint_dir: str, step: int | None = None) -> tuple[Any, Any, int]:
-    """``(params, opt_state, step)`` of a checkpoint (default: the latest), placed in the
-    shardings of ``run`` (whose mesh may differ from the one that saved it)."""
-    ckpt = Checkpointer(checkpoint_dir, run.cfg.checkpoint_every)
+    """``(params, opt_state, step)`` of a checkpoint (default: the latest that restores; a
+    damaged newer one is skipped with a warning on stderr), placed in the shardings of ``run``
+    (whose mesh may differ from the one that saved it). Reads only: safe on the directory of a
+    running training."""
+    ckpt = Checkpointer(checkpoint_dir, run.cfg.checkpoint_every, read_only=True)
     try:
-        step = ckpt.latest_step() if step is None else step
-        if step is None:
-            raise ConfigError(f"no checkpoint in {ckpt.directory}; train with checkpoint_dir set")
         target = {
             "params": abstract_like(run.abstract_params, run.param_shardings),
             "opt_state": abstract_like(
                 jax.eval_shape(run.tx.init, run.abstract_params), run.opt_shardings
             ),
         }
-        state, meta = ckpt.restore(step, target)
+        if step is None:
+            restored = ckpt.restore_latest(target, lambda line: print(line, file=sys.stderr))
+            if restored is None:
+                raise ConfigError(
+                    f"no checkpoint in {ckpt.directory}; train with checkpoint_dir set"
+                )
+            state, meta, _ = restored
+        else:
+            state, meta = ckpt.restore(step, target)
     finally:
         ckpt.close()
     return state["params"], state["opt_state"], int(meta["step"])
@@ -477,8 +487,14 @@ def train(
     """Run (or resume) ``cfg`` to ``cfg.steps``; returns a :class:`Summary` with the per-step
     losses of this process, the held-out losses and the trained ``params``/``opt_state``.
 
-    With ``cfg.checkpoint_dir`` set it resumes from the latest checkpoint there. ``log`` receives
-    each line of output; ``progress`` shows a progress bar."""
+    With ``cfg.checkpoint_dir`` set it resumes from the latest checkpoint there (skipping, with a
+    warning, a damaged one for the one before it). ``log`` receives each line of output;
+    ``progress`` shows a progress bar.
+
+    Raises :class:`colossal_jax.divergence.Diverged` at the first step whose loss or gradient
+    norm is not finite (fp16: see that module), before that step is saved, and, once
+    :func:`colossal_jax.signals.install` has been called, :class:`colossal_jax.signals.Interrupted`
+    after SIGINT/SIGTERM, with a checkpoint of the step reached."""
     t_start = time.perf_counter()
     if cfg.checkpoint_dir is not None:
         from colossal_jax.preflight import check_resume
@@ -502,16 +518,42 @@ def train(
                 f"ZeRO-{cfg.parallel.zero}: {len(rest)} parameter(s) have no dimension divisible "
                 f"by data={cfg.parallel.data} and stay replicated: {', '.join(rest)}"
             )
-    ckpt = Checkpointer(cfg.checkpoint_dir, cfg.checkpoint_every) if cfg.checkpoint_dir else None
+    _stop_if_signalled(None, 0, started=False)
+    ckpt = (
+        Checkpointer(cfg.checkpoint_dir, cfg.checkpoint_every, max_to_keep=cfg.keep_checkpoints)
+        if cfg.checkpoint_dir
+        else None
+    )
+    try:
+        return _train(cfg, run, ckpt, t_start=t_start, progress=progress, log=log)
+    finally:
+        if ckpt is not None:
+            ckpt.close()
+
+
+def _train(
+    cfg: TrainConfig,
+    run: Run,
+    ckpt: Checkpointer | None,
+    *,
+    t_start: float,
+    progress: bool,
+    log: Callable[[str], None],
+) -> Summary:
+    """The body of :func:`train` once the run is built (``ckpt`` is closed by the caller)."""
+    is_main = jax.process_index() == 0
     params, opt_state = init_state(run)
     start_step = 0
-    if ckpt is not None and (latest := ckpt.latest_step()) is not None:
+    if ckpt is not None and ckpt.latest_step() is not None:
         target = {
             "params": abstract_like(params, run.param_shardings),
             "opt_state": abstract_like(opt_state, run.opt_shardings),
         }
         del params, opt_state
-        state, meta = ckpt.restore(latest, target)
+        warn = (lambda line: print(line, file=sys.stderr, flush=True)) if is_main else None
+        restored = ckpt.restore_latest(target, warn or (lambda _: None))
+        assert restored is not None  # latest_step() saw one; a failure raises
+        state, meta, _ = restored
         params, opt_state = state["params"], state["opt_state"]
         start_step = int(meta["step"])
         if int(meta.get("seed", cfg.seed)) != cfg.seed:
@@ -521,6 +563,7 @@ def train(
             )
         if is_main:
             log(f"resumed from {ckpt.directory} at step {start_step}")
+    _stop_if_signalled(ckpt, start_step, started=False)
 
     step_fn = make_train_step(run)
     t0 = time.perf_counter()
@@ -528,6 +571,7 @@ def train(
     compile_s = time.perf_counter() - t0
     if is_main:
         log(f"compiled the train step in {compile_s:.1f}s")
+    _stop_if_signalled(ckpt, start_step, started=False)
 
     lr_at = schedule(cfg.optim, cfg.steps)
     tokens_per_step = cfg.batch_size * cfg.seq_len
@@ -551,23 +595,24 @@ def train(
         return value
 
     n_dev = run.mesh.size
+    guard = Guard(skipped=_skipped_so_far(opt_state))
     writer = MetricsWriter(cfg.metrics_file, cfg.tensorboard_dir, resume_step=start_step)
-    if eval_fn is not None:
-        first_eval = run_eval(start_step)
-        if start_step == 0:
-            writer.write({"step": 0, "eval_loss": first_eval})
-
     bar = None
-    if progress and is_main:
-        from tqdm import tqdm
-
-        bar = tqdm(
-            total=cfg.steps, initial=start_step, desc="train", unit="step", dynamic_ncols=True
-        )
     losses: list[float] = []
     timed_tokens, timed_seconds = 0, 0.0
     step = start_step
     try:
+        if eval_fn is not None:
+            first_eval = run_eval(start_step)
+            if start_step == 0:
+                writer.write({"step": 0, "eval_loss": first_eval})
+        _stop_if_signalled(ckpt, start_step, started=False)
+        if progress and is_main:
+            from tqdm import tqdm
+
+            bar = tqdm(
+                total=cfg.steps, initial=start_step, desc="train", unit="step", dynamic_ncols=True
+            )
         while step < cfg.steps:
             batch = global_batch(run, step)
             t0 = time.perf_counter()
@@ -592,6 +637,11 @@ def train(
             for key in ("loss_scale", "skipped_steps"):
                 if key in out:
                     record[key] = out[key].item()
+            bad = guard.check(loss, record["grad_norm"], record.get("skipped_steps"))
+            if bad is not None:
+                writer.write(record)  # the record of the failed step, for the post-mortem
+                last_good = ckpt.wait() if ckpt is not None else None
+                raise Diverged(step, bad, stop_line(bad, step, cfg.checkpoint_dir, last_good))
             if (mem := device_memory()) is not None:
                 record["peak_bytes_in_use"] = mem["peak_bytes_in_use"]
             evaluated = eval_fn is not None and (step % cfg.eval_every == 0 or step == cfg.steps)
@@ -610,14 +660,16 @@ def train(
                     step,
                     {"params": params, "opt_state": opt_state},
                     _meta(cfg, step, run.model),
-                    force=step == cfg.steps,
+                    force=step == cfg.steps or signals.received() is not None,
                 )
+            _stop_if_signalled(ckpt, step, started=True)
     finally:
         if bar is not None:
             bar.close()
         writer.close()
-        if ckpt is not None:
-            ckpt.close()
+    if ckpt is not None:
+        ckpt.wait()
+    _stop_if_signalled(ckpt, step, started=step > start_step)
 
     tokens_per_s = timed_tokens / timed_seconds if timed_seconds else None
     mfu = (
@@ -648,10 +700,8 @@ def train(
     return summary
 
 
-def _meta(cfg: TrainConfig, step: int, model: GPTConfig | None = None) -> dict:
-    """The JSON saved with a checkpoint; ``architecture`` (the resolved model config, the data's
-    vocabulary included) is what ``preflight.check_resume`` compares a resume against."""
-    meta = {
+                    _meta(cfg, step, run.model),
+                    force=step == cfg.steps or signals.received() is not None,
         "step": step,
         "data_position": step,  # batches are a pure function of (seed, step)
         "seed": cfg.seed,

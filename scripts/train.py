@@ -12,7 +12,11 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from colossal_jax.cli import main  # noqa: E402  (imports no JAX: --devices sets XLA_FLAGS first)
+from colossal_jax import signals  # noqa: E402  (first: Ctrl-C from here on stops cleanly)
+
+signals.install()
+
+from colossal_jax.cli import run  # noqa: E402  (imports no JAX: --devices sets XLA_FLAGS first)
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run()
