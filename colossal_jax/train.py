@@ -700,8 +700,10 @@ def _train(
     return summary
 
 
-                    _meta(cfg, step, run.model),
-                    force=step == cfg.steps or signals.received() is not None,
+def _meta(cfg: TrainConfig, step: int, model: GPTConfig | None = None) -> dict:
+    """The JSON saved with a checkpoint; ``architecture`` (the resolved model config, the data's
+    vocabulary included) is what ``preflight.check_resume`` compares a resume against."""
+    meta = {
         "step": step,
         "data_position": step,  # batches are a pure function of (seed, step)
         "seed": cfg.seed,
