@@ -700,6 +700,38 @@ def _train(
     return summary
 
 
+def _skipped_so_far(opt_state: Any) -> int | None:
+    """fp16: the loss scaler's count of skipped steps in ``opt_state``; None without one."""
+    scale = getattr(opt_state, "loss_scale", None)
+    return None if scale is None else int(scale.skipped)
+
+
+def _stop_if_signalled(ckpt: Checkpointer | None, step: int, *, started: bool) -> None:
+    """If SIGINT/SIGTERM arrived (:mod:`colossal_jax.signals`): wait for the checkpoint of
+    ``step`` (the loop forced its save) and raise :class:`signals.Interrupted` with the line that
+    says where it is."""
+    signum = signals.received()
+    if signum is None:
+        return
+    head = "interrupted" if signum == signal.SIGINT else f"interrupted by {signals.name(signum)}"
+    latest = ckpt.wait() if ckpt is not None else None
+    if not started and step == 0 and latest is None:
+        line = f"{head} before the first step; nothing to save"
+    elif ckpt is None:
+        line = f"{head} at step {step}; nothing saved (no --checkpoint-dir)"
+    elif latest == step:
+        line = (
+            f"{head} at step {step}; checkpoint saved in {ckpt.directory} (re-run the same "
+            "command to resume)"
+        )
+    else:
+        line = (
+            f"{head} at step {step}; the latest checkpoint is step {latest} in {ckpt.directory} "
+            "(re-run the same command to resume)"
+        )
+    raise signals.Interrupted(signum, line)
+
+
 def _meta(cfg: TrainConfig, step: int, model: GPTConfig | None = None) -> dict:
     """The JSON saved with a checkpoint; ``architecture`` (the resolved model config, the data's
     vocabulary included) is what ``preflight.check_resume`` compares a resume against."""
