@@ -76,6 +76,8 @@ class Checkpointer:
                 with warnings.catch_warnings():
                     warnings.simplefilter("ignore")  # orbax's own noise about the failed read
                     state, meta = self.restore(step, abstract_state)
+            except ConfigError:
+                raise  # the checkpoint is whole but belongs to another run: not damage
             except Exception as e:  # noqa: BLE001 - tensorstore raises plain Exception
                 failed.append((step, _reason(e)))
                 _quiet_closed_loop_callbacks()
