@@ -278,3 +278,27 @@ def largest_fitting(
         if tried[-1]["n_layer"] == depths[0] and tried[-1]["fits"] is False:
             break
     return {"zero": zero, "budget_bytes": budget, "best": best, "tried": tried}
+
+
+def remat_temporaries(seq: int = 1024, *, devices: int = 8, n_layer: int = 4) -> list[dict]:
+    """The train step's compiled temporary bytes per ``--remat`` mode for gpt2-tiny (hidden 128,
+    8 heads) with ``n_layer`` layers at sequence ``seq`` (block size ``seq``), batch 8, ZeRO-0 on
+    ``data=devices``: what activation checkpointing removes."""
+    import dataclasses
+
+    from colossal_jax.remat import REMAT_MODES
+    from colossal_jax.train import build
+
+    out = []
+    for remat in REMAT_MODES:
+        cfg = dataclasses.replace(
+            config(
+                Model(n_layer=n_layer, n_embd=128, batch=8, seq=seq),
+                0,
+                remat=remat,
+                devices=devices,
+            ),
+            model_overrides={"n_layer": n_layer, "block_size": seq},
+        )
+        out.append({"remat": remat, "seq": seq, **step_bytes(build(cfg))})
+    return out

@@ -100,7 +100,13 @@ def main(argv=None) -> int:
     p.add_argument("--budget-mib", type=float, default=256.0, help="per-device budget (MiB)")
     p.add_argument("--batch-size", type=int, default=8, help="global batch of both parts")
     p.add_argument("--seq-len", type=int, default=256, help="tokens per sequence (≤ 256)")
-    p.add_argument("--skip-budget", action="store_true", help="only part 1")
+    p.add_argument("--skip-budget", action="store_true", help="skip the largest-model search")
+    p.add_argument(
+        "--remat-seq",
+        type=int,
+        default=1024,
+        help="sequence length of the remat comparison (gpt2-tiny, 4 layers, batch 8); 0: skip",
+    )
     args = p.parse_args(argv)
     if args.devices < 1:
         print(f"error: --devices {args.devices} must be at least 1", file=sys.stderr)
@@ -139,6 +145,16 @@ def main(argv=None) -> int:
         "n_devices": args.devices,
         "state": records,
     }
+    if args.remat_seq:
+        rows = mb.remat_temporaries(args.remat_seq, devices=args.devices)
+        print(
+            f"\nTrain-step temporaries per --remat at seq {args.remat_seq} (gpt2-tiny, 4 layers, "
+            f"batch 8, zero 0, data={args.devices})\n\n| remat | temp MiB | × none |\n|---|---|---|"
+        )
+        none = rows[0]["temp_bytes"]
+        for r in rows:
+            print(f"| {r['remat']} | {mib(r['temp_bytes'])} | {r['temp_bytes'] / none:.2f} |")
+        output["remat"] = rows
     if not args.skip_budget:
         budget = int(args.budget_mib * MIB)
         print(
