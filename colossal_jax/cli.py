@@ -44,6 +44,10 @@ from colossal_jax.config import (
 )
 
 DEFAULT_CPU_DEVICES = 8
+DEFAULT_PEER_TIMEOUT = 60.0
+"""Seconds a multi-process run waits on a silent peer before exiting (``--peer-timeout``)."""
+PEER_LOST_EXIT = 4
+"""Exit status of a process that lost contact with a peer (:mod:`colossal_jax.watchdog`)."""
 
 
 EXAMPLES = {  # a valid value for each flag whose default does not show one
@@ -61,6 +65,7 @@ EXAMPLES = {  # a valid value for each flag whose default does not show one
     "--coordinator": "10.0.0.1:1234",
     "--num-processes": "2",
     "--process-id": "0",
+    "--peer-timeout": "120",
 }
 
 
@@ -268,6 +273,20 @@ def build_parser() -> argparse.ArgumentParser:
         type=_int,
         default=None,
         help="multi-process: this process's index, 0..N-1 (0 hosts the coordinator)",
+    )
+    a(
+        "--peer-timeout",
+        type=_float,
+        default=DEFAULT_PEER_TIMEOUT,
+        help="multi-process: seconds after which a process whose peer stopped answering "
+        "(missed heartbeats, or a step that does not finish) exits with status "
+        f"{PEER_LOST_EXIT} and one line naming the lost process",
+    )
+    a(
+        "--no-cluster-detect",
+        action="store_true",
+        help="without --coordinator, run one process even under srun, mpirun or a Kubernetes "
+        f"Indexed Job (also: {preflight.NO_CLUSTER_DETECT_ENV}=1)",
     )
     a("--list-models", action="store_true", help="print the models and their sizes, then exit")
     a("--list-meshes", action="store_true", help="print the mesh presets, then exit")
@@ -492,6 +511,33 @@ def _stop_if_signalled(where: str) -> None:
         raise signals.Interrupted(signum, f"{head} {where}; nothing saved")
 
 
+def _init_distributed(args, cluster: str | None) -> None:
+    """``jax.distributed.initialize`` with the explicit flags, or with none where ``cluster``
+    (:func:`preflight.detect_cluster`) says JAX's auto-detection fills them in; then the peer
+    watchdog (:mod:`colossal_jax.watchdog`) with ``--peer-timeout``."""
+    import jax
+
+    from colossal_jax import watchdog
+
+    # CPU collectives across processes; has no effect on GPU/TPU backends
+    jax.config.update("jax_cpu_collectives_implementation", "gloo")
+    # JAX's heartbeat is the backstop (it aborts the process with its own message, ~0.8 of its
+    # timeout after a peer's death): three times the watchdog's timeout, so that a peer lost
+    # during a step is reported by the watchdog's one line
+    timeout = max(1, math.ceil(3 * args.peer_timeout))
+    if cluster is not None:
+        print(f"cluster: {cluster}; jax.distributed.initialize() detects the rest", file=sys.stderr)
+        jax.distributed.initialize(heartbeat_timeout_seconds=timeout)
+    else:
+        jax.distributed.initialize(
+            coordinator_address=args.coordinator,
+            num_processes=args.num_processes,
+            process_id=args.process_id,
+            heartbeat_timeout_seconds=timeout,
+        )
+    watchdog.start(args.peer_timeout, exit_code=PEER_LOST_EXIT)
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run the command line; returns the exit status (0, 2 configuration, 3 diverged, 130/143
     interrupted)."""
@@ -506,19 +552,18 @@ def main(argv: list[str] | None = None) -> int:
             print("\n".join(list_models()))
             return 0
         preflight.check_args(args)
+        rules.check_peer_timeout(args.peer_timeout)
+        cluster = preflight.detect_cluster(
+            os.environ, coordinator=args.coordinator, opt_out=args.no_cluster_detect
+        )
         devices_set = _setup_devices(args)
-        if (known := devices_before_jax(args, devices_set)) is not None:
+        # in a cluster the process count comes from JAX: the checks run once it is known
+        if cluster is None and (known := devices_before_jax(args, devices_set)) is not None:
             check_before_jax(args, known)
         import jax
 
-        if args.coordinator is not None:
-            # CPU collectives across processes; has no effect on GPU/TPU backends
-            jax.config.update("jax_cpu_collectives_implementation", "gloo")
-            jax.distributed.initialize(
-                coordinator_address=args.coordinator,
-                num_processes=args.num_processes,
-                process_id=args.process_id,
-            )
+        if args.coordinator is not None or cluster is not None:
+            _init_distributed(args, cluster)
         available = jax.device_count()
         n = available
         if args.devices is not None and jax.default_backend() != "cpu":

@@ -13,6 +13,7 @@ from __future__ import annotations
 import importlib.util
 import os
 import tempfile
+from collections.abc import Mapping
 from pathlib import Path
 
 from colossal_jax.config import ConfigError
@@ -72,6 +73,74 @@ def check_processes(coordinator: str | None, num: int | None, pid: int | None) -
             f"{coordinator} --num-processes 2 --process-id 0 (and --process-id 1 on the other "
             "host)"
         )
+
+
+NO_CLUSTER_DETECT_ENV = "COLOSSAL_NO_CLUSTER_DETECT"
+"""Set (to anything but ``""``/``0``) to skip cluster detection, like ``--no-cluster-detect``."""
+
+
+def _count(env: Mapping[str, str], name: str) -> int:
+    try:
+        return int(env.get(name, ""))
+    except ValueError:
+        return 0
+
+
+def detect_cluster(
+    env: Mapping[str, str],
+    *,
+    coordinator: str | None = None,
+    opt_out: bool = False,
+    kubernetes_installed: bool | None = None,
+) -> str | None:
+    """The cluster a run without ``--coordinator`` is launched in, as a line for the log, or None
+    to run as one process. A pure function of the environment ``env`` (tests pass fake ones).
+
+    A cluster is what JAX's own auto-detection (``jax.distributed.initialize()`` with no
+    arguments, ``jax._src.clusters``) can fill in: SLURM (``SLURM_JOB_ID`` with
+    ``SLURM_NTASKS`` > 1, i.e. under ``srun``), Open MPI (``OMPI_COMM_WORLD_SIZE`` > 1, under
+    ``mpirun``) and a Kubernetes Indexed Job (``KUBERNETES_SERVICE_HOST`` with
+    ``JOB_COMPLETION_INDEX``; JAX reads the rest from the Kubernetes API). An explicit
+    ``coordinator`` wins, and ``opt_out`` (``--no-cluster-detect``) or
+    ``COLOSSAL_NO_CLUSTER_DETECT=1`` turns detection off. One task (``SLURM_NTASKS=1``, a
+    single-rank ``mpirun``) is not a cluster: the run stays one process, as without one.
+    ``kubernetes_installed`` (default: whether the package imports) says whether JAX can query
+    the Kubernetes API; without it an Indexed Job is a :class:`ConfigError` naming both ways on.
+
+    Raises :class:`ConfigError` for a cluster that JAX could not complete (a SLURM allocation of
+    several tasks outside ``srun``, an MPI world without its launcher's address)."""
+    if coordinator is not None or opt_out or env.get(NO_CLUSTER_DETECT_ENV, "") not in ("", "0"):
+        return None
+    if "SLURM_JOB_ID" in env and (n := _count(env, "SLURM_NTASKS")) > 1:
+        where = f"rank {env.get('SLURM_PROCID', '?')} of {n}"
+        if "SLURM_STEP_NODELIST" not in env or "SLURM_PROCID" not in env:
+            raise ConfigError(
+                f"SLURM job {env['SLURM_JOB_ID']} has SLURM_NTASKS={n} but no job step "
+                "(SLURM_STEP_NODELIST/SLURM_PROCID): start each task with srun, e.g. srun python "
+                "scripts/train.py ..., or pass --no-cluster-detect to run one process"
+            )
+        return f"SLURM job {env['SLURM_JOB_ID']}, {where}"
+    if (n := _count(env, "OMPI_COMM_WORLD_SIZE")) > 1:
+        if "OMPI_MCA_orte_hnp_uri" not in env:
+            raise ConfigError(
+                f"Open MPI world of {n} ranks but no OMPI_MCA_orte_hnp_uri, from which JAX takes "
+                "the coordinator's address: pass --coordinator HOST:PORT --num-processes "
+                f"{n} --process-id $OMPI_COMM_WORLD_RANK, or --no-cluster-detect"
+            )
+        return f"Open MPI, rank {env.get('OMPI_COMM_WORLD_RANK', '?')} of {n}"
+    if "KUBERNETES_SERVICE_HOST" in env and "JOB_COMPLETION_INDEX" in env:
+        if kubernetes_installed is None:
+            kubernetes_installed = importlib.util.find_spec("kubernetes") is not None
+        if not kubernetes_installed:
+            raise ConfigError(
+                "Kubernetes Indexed Job detected (JOB_COMPLETION_INDEX="
+                f"{env['JOB_COMPLETION_INDEX']}) but JAX needs the kubernetes package to find its "
+                "peers: pip install 'jax[k8s]', or pass --coordinator "
+                "JOB-0.SERVICE:PORT --num-processes N --process-id $JOB_COMPLETION_INDEX "
+                "(see deploy/k8s-job.yaml)"
+            )
+        return f"Kubernetes Indexed Job, completion index {env['JOB_COMPLETION_INDEX']}"
+    return None
 
 
 def check_writable_dir(flag: str, value: str, example: str) -> None:

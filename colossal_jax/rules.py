@@ -271,6 +271,21 @@ def check_keep_checkpoints(keep: int) -> None:
         )
 
 
+MAX_PEER_TIMEOUT = 3600
+"""The longest ``--peer-timeout`` accepted (an hour: beyond it a lost peer looks like a hang)."""
+
+
+def check_peer_timeout(seconds: float) -> None:
+    """``--peer-timeout S``: how long a multi-process run waits on a silent peer (its missed
+    heartbeats, or a step that does not finish) before it exits; 5 s to an hour. Shorter than a
+    step or a compilation would kill healthy runs; very long ones look like a hang."""
+    if not isinstance(seconds, int | float) or not 5 <= seconds <= MAX_PEER_TIMEOUT:
+        raise ConfigError(
+            f"--peer-timeout {seconds} must be between 5 and {MAX_PEER_TIMEOUT} seconds (longer "
+            "than the slowest step); e.g. --peer-timeout 120"
+        )
+
+
 def check_memory_modes(cfg: TrainConfig) -> None:
     """``--remat``, ``--grad-accum``, ``--offload`` and how they combine with ZeRO and the
     pipeline."""

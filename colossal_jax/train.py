@@ -26,7 +26,7 @@ import optax
 from flax import nnx
 from jax.sharding import NamedSharding
 
-from colossal_jax import signals
+from colossal_jax import signals, watchdog
 from colossal_jax.checkpoint import Checkpointer, abstract_like
 from colossal_jax.config import ConfigError, TrainConfig
 from colossal_jax.data import Batches, load_corpus, split_corpus
@@ -603,7 +603,9 @@ def _train(
     step = start_step
     try:
         if eval_fn is not None:
+            watchdog.arm(f"the evaluation at step {start_step}")
             first_eval = run_eval(start_step)
+            watchdog.disarm()
             if start_step == 0:
                 writer.write({"step": 0, "eval_loss": first_eval})
         _stop_if_signalled(ckpt, start_step, started=False)
@@ -614,6 +616,7 @@ def _train(
                 total=cfg.steps, initial=start_step, desc="train", unit="step", dynamic_ncols=True
             )
         while step < cfg.steps:
+            watchdog.arm(f"step {step + 1}")  # through its evaluation and save
             batch = global_batch(run, step)
             t0 = time.perf_counter()
             params, opt_state, out = compiled(params, opt_state, batch)
@@ -662,13 +665,17 @@ def _train(
                     _meta(cfg, step, run.model),
                     force=step == cfg.steps or signals.received() is not None,
                 )
+            watchdog.disarm()
             _stop_if_signalled(ckpt, step, started=True)
     finally:
+        watchdog.disarm()
         if bar is not None:
             bar.close()
         writer.close()
     if ckpt is not None:
+        watchdog.arm(f"the checkpoint of step {step}")
         ckpt.wait()
+        watchdog.disarm()
     _stop_if_signalled(ckpt, step, started=step > start_step)
 
     tokens_per_s = timed_tokens / timed_seconds if timed_seconds else None

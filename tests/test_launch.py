@@ -1,0 +1,257 @@
+"""Cluster detection, scripts/launch_local.py and a lost peer (tests/test_multiprocess.py runs
+the plain two-process case)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from colossal_jax.config import ConfigError
+from colossal_jax.preflight import detect_cluster
+from colossal_jax.watchdog import Beats, lost_line
+
+ROOT = Path(__file__).resolve().parent.parent
+TRAIN = str(ROOT / "scripts" / "train.py")
+LAUNCH = str(ROOT / "scripts" / "launch_local.py")
+SMALL = [
+    "--batch-size", "8", "--seq-len", "32", "--set", "model.n_layer=1",
+    "--set", "model.n_embd=64", "--no-progress", "--eval-every", "0",
+]  # fmt: skip
+
+SLURM = {
+    "SLURM_JOB_ID": "4242",
+    "SLURM_NTASKS": "4",
+    "SLURM_PROCID": "2",
+    "SLURM_LOCALID": "0",
+    "SLURM_STEP_NODELIST": "node[001-004]",
+}
+OMPI = {
+    "OMPI_COMM_WORLD_SIZE": "2",
+    "OMPI_COMM_WORLD_RANK": "1",
+    "OMPI_COMM_WORLD_LOCAL_RANK": "1",
+    "OMPI_MCA_orte_hnp_uri": "1531576320.0;tcp://10.96.0.1:34911",
+}
+K8S = {"KUBERNETES_SERVICE_HOST": "10.0.0.1", "JOB_COMPLETION_INDEX": "3"}
+
+
+def test_detect_cluster_from_environments():
+    assert detect_cluster({}) is None
+    assert detect_cluster({"PATH": "/bin"}) is None
+    assert detect_cluster(SLURM) == "SLURM job 4242, rank 2 of 4"
+    assert detect_cluster(OMPI) == "Open MPI, rank 1 of 2"
+    assert detect_cluster(K8S, kubernetes_installed=True) == (
+        "Kubernetes Indexed Job, completion index 3"
+    )
+    # one task is not a cluster (an interactive salloc shell, a single-rank mpirun)
+    assert detect_cluster({**SLURM, "SLURM_NTASKS": "1"}) is None
+    assert detect_cluster({"SLURM_JOB_ID": "1"}) is None
+    assert detect_cluster({**OMPI, "OMPI_COMM_WORLD_SIZE": "1"}) is None
+    # a pod that is not part of an Indexed Job
+    assert detect_cluster({"KUBERNETES_SERVICE_HOST": "10.0.0.1"}) is None
+
+
+def test_explicit_flags_and_opt_out_win():
+    assert detect_cluster(SLURM, coordinator="10.0.0.1:1234") is None
+    assert detect_cluster(SLURM, opt_out=True) is None
+    assert detect_cluster({**OMPI, "COLOSSAL_NO_CLUSTER_DETECT": "1"}) is None
+    assert detect_cluster({**OMPI, "COLOSSAL_NO_CLUSTER_DETECT": "0"}) is not None
+
+
+def test_incomplete_clusters_are_config_errors():
+    bad_slurm = {k: v for k, v in SLURM.items() if k != "SLURM_STEP_NODELIST"}
+    with pytest.raises(ConfigError, match="srun"):
+        detect_cluster(bad_slurm)
+    with pytest.raises(ConfigError, match="OMPI_MCA_orte_hnp_uri"):
+        detect_cluster({k: v for k, v in OMPI.items() if k != "OMPI_MCA_orte_hnp_uri"})
+    with pytest.raises(ConfigError, match=r"jax\[k8s\]"):
+        detect_cluster(K8S, kubernetes_installed=False)
+
+
+def test_cli_reports_an_incomplete_cluster_in_one_line(capsys):
+    from colossal_jax.cli import main
+
+    env = {k: v for k, v in SLURM.items() if k != "SLURM_PROCID"}
+    old = dict(os.environ)
+    os.environ.update(env)
+    try:
+        assert main(["--steps", "1"]) == 2
+    finally:
+        os.environ.clear()
+        os.environ.update(old)
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error: SLURM job 4242"), err
+
+
+@pytest.mark.parametrize("value", ["0", "4", "-1", "1e9"])
+def test_peer_timeout_is_validated(capsys, value):
+    from colossal_jax.cli import main
+
+    assert main(["--peer-timeout", value]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error: --peer-timeout "), err
+
+
+class FakeStore:
+    """The key-value calls of a coordination-service client, with processes that stop."""
+
+    def __init__(self):
+        self.kv: dict[str, str] = {}
+        self.down = False
+
+    def key_value_set(self, key, value, allow_overwrite=False):
+        if self.down:
+            raise RuntimeError("UNAVAILABLE")
+        self.kv[key] = value
+
+    def key_value_dir_get(self, prefix):
+        if self.down:
+            raise RuntimeError("UNAVAILABLE")
+        return [(k, v) for k, v in self.kv.items() if k.startswith(prefix)]
+
+
+def test_beats_name_the_silent_process():
+    now = [0.0]
+    store = FakeStore()
+    procs = [Beats(store, i, 3, clock=lambda: now[0]) for i in range(3)]
+    for _ in range(3):
+        now[0] += 1
+        for b in procs:
+            b.beat()
+    for _ in range(6):  # process 1 died
+        now[0] += 1
+        procs[0].beat()
+        procs[2].beat()
+    assert procs[0].lost(silent_for=5) == [1]
+    assert procs[2].lost(silent_for=5) == [1]
+    store.down = True  # process 0, which hosts the store, died
+    for _ in range(6):
+        now[0] += 1
+        with pytest.raises(RuntimeError):
+            procs[2].beat()
+    assert procs[2].lost(silent_for=5) == [0]
+    assert lost_line([1], 20, "step 3") == (
+        "error: lost contact with process 1 (step 3 unfinished after 20s); exiting"
+    )
+    assert lost_line([1, 2], 20.5, "step 3").startswith("error: lost contact with processes 1, 2")
+
+
+def _env() -> dict[str, str]:
+    env = dict(os.environ, JAX_PLATFORMS="cpu")
+    env.pop("XLA_FLAGS", None)
+    return env
+
+
+def _losses(path: Path) -> list[float]:
+    return [r["loss"] for x in path.read_text().splitlines() if "loss" in (r := json.loads(x))]
+
+
+def test_launch_local_rejects_its_own_mistakes():
+    for argv, word in (
+        (["--processes", "0"], "--processes 0"),
+        (["--processes", "2", "--", "--process-id", "1"], "--process-id is set by the launcher"),
+        (["--devices-per-process", "2"], "--processes"),
+    ):
+        out = subprocess.run(
+            [sys.executable, LAUNCH, *argv], capture_output=True, text=True, env=_env()
+        )
+        assert out.returncode == 2, out
+        lines = out.stderr.strip().splitlines()
+        assert len(lines) == 1 and lines[0].startswith("error:") and word in lines[0], lines
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+@pytest.mark.slow
+def test_lost_peer_ends_the_survivor_with_one_line(tmp_path):
+    """SIGKILL process 1 after its first step: process 0 exits (status 4) within --peer-timeout
+    20 with one line naming process 1, and no process is left."""
+    from tests.test_multiprocess import _free_port
+
+    metrics = tmp_path / "m.jsonl"
+    port = _free_port()
+    common = [TRAIN, "--steps", "1000", "--mesh", "data=4", "--devices", "2", *SMALL]
+    common += ["--peer-timeout", "20", "--coordinator", f"127.0.0.1:{port}"]
+    common += ["--num-processes", "2"]
+    procs = [
+        subprocess.Popen(
+            [sys.executable, *common, "--process-id", str(i)]
+            + (["--metrics-file", str(metrics)] if i == 0 else []),
+            env=_env(),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for i in range(2)
+    ]
+    try:
+        deadline = time.monotonic() + 240
+        while not (metrics.exists() and '"loss"' in metrics.read_text()):
+            assert time.monotonic() < deadline, "no step within 240 s"
+            assert all(p.poll() is None for p in procs), [p.communicate() for p in procs]
+            time.sleep(0.1)
+        procs[1].send_signal(signal.SIGKILL)
+        killed = time.monotonic()
+        _, err = procs[0].communicate(timeout=60)
+        took = time.monotonic() - killed
+        assert procs[0].returncode == 4, err
+        assert took < 20 + 5, took
+        errors = [x for x in err.splitlines() if x.startswith("error:")]
+        assert len(errors) == 1, err
+        assert errors[0].startswith("error: lost contact with process 1 ("), errors
+        assert errors[0].endswith("; exiting"), errors
+        procs[1].wait(timeout=10)
+        assert not any(_alive(p.pid) for p in procs)
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+
+
+def _launch(tmp_path: Path, processes: int, per: int, steps: int, name: str) -> list[str]:
+    ckpt, metrics = tmp_path / "ckpt", tmp_path / f"{name}.jsonl"
+    out = subprocess.run(
+        [sys.executable, LAUNCH, "--processes", str(processes), "--devices-per-process",
+         str(per), "--", "--steps", str(steps), *SMALL, "--checkpoint-dir", str(ckpt),
+         "--metrics-file", str(metrics)],
+        env=_env(), capture_output=True, text=True, timeout=400,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    return out.stdout.splitlines()
+
+
+@pytest.mark.slow
+def test_launch_local_trains_like_one_process_and_resumes_elsewhere(tmp_path):
+    one = tmp_path / "one.jsonl"
+    subprocess.run(
+        [sys.executable, TRAIN, "--devices", "8", "--steps", "14", *SMALL,
+         "--metrics-file", str(one)],
+        check=True, env=_env(), capture_output=True, timeout=300,
+    )  # fmt: skip
+    reference = _losses(one)
+    lines = _launch(tmp_path, 2, 4, 10, "a")
+    assert any(x.startswith("[0] ") for x in lines) and all(
+        x.startswith(("[0] ", "[1] ")) for x in lines
+    ), lines
+    np.testing.assert_allclose(_losses(tmp_path / "a.jsonl"), reference[:10], rtol=1e-5)
+    assert sorted(p.name for p in (tmp_path / "ckpt").iterdir() if p.name.isdigit()) == ["10"]
+    lines = _launch(tmp_path, 2, 4, 12, "b")
+    assert any("resumed from" in x and "at step 10" in x for x in lines), lines
+    np.testing.assert_allclose(_losses(tmp_path / "b.jsonl"), reference[10:12], rtol=1e-5)
+    lines = _launch(tmp_path, 4, 2, 14, "c")
+    assert any("resumed from" in x and "at step 12" in x for x in lines), lines
+    np.testing.assert_allclose(_losses(tmp_path / "c.jsonl"), reference[12:14], rtol=1e-5)
