@@ -222,8 +222,7 @@ def test_lost_peer_ends_the_survivor_with_one_line(tmp_path):
                 p.wait()
 
 
-def _launch(tmp_path: Path, processes: int, per: int, steps: int, name: str) -> list[str]:
-    ckpt, metrics = tmp_path / "ckpt", tmp_path / f"{name}.jsonl"
+def _launch(processes: int, per: int, steps: int, ckpt: Path, metrics: Path) -> list[str]:
     out = subprocess.run(
         [sys.executable, LAUNCH, "--processes", str(processes), "--devices-per-process",
          str(per), "--", "--steps", str(steps), *SMALL, "--checkpoint-dir", str(ckpt),
@@ -234,24 +233,38 @@ def _launch(tmp_path: Path, processes: int, per: int, steps: int, name: str) -> 
     return out.stdout.splitlines()
 
 
-@pytest.mark.slow
-def test_launch_local_trains_like_one_process_and_resumes_elsewhere(tmp_path):
-    one = tmp_path / "one.jsonl"
+def _one(steps: int, metrics: Path, ckpt: Path | None = None) -> list[float]:
+    extra = ["--checkpoint-dir", str(ckpt)] if ckpt else []
     subprocess.run(
-        [sys.executable, TRAIN, "--devices", "8", "--steps", "14", *SMALL,
-         "--metrics-file", str(one)],
+        [sys.executable, TRAIN, "--devices", "8", "--steps", str(steps), *SMALL,
+         "--metrics-file", str(metrics), *extra],
         check=True, env=_env(), capture_output=True, timeout=300,
     )  # fmt: skip
-    reference = _losses(one)
-    lines = _launch(tmp_path, 2, 4, 10, "a")
+    return _losses(metrics)
+
+
+@pytest.mark.slow
+def test_launch_local_trains_like_one_process_and_resumes_elsewhere(tmp_path):
+    """2 processes × 4 devices train 10 steps with the losses of 1 process × 8 devices and
+    write one checkpoint; from it, 2 × 4 and 4 × 2 processes continue to step 14 with the
+    losses of 1 × 8 resumed from the same checkpoint."""
+    import shutil
+
+    ckpt = tmp_path / "ckpt"
+    lines = _launch(2, 4, 10, ckpt, tmp_path / "a.jsonl")
     assert any(x.startswith("[0] ") for x in lines) and all(
         x.startswith(("[0] ", "[1] ")) for x in lines
     ), lines
-    np.testing.assert_allclose(_losses(tmp_path / "a.jsonl"), reference[:10], rtol=1e-5)
-    assert sorted(p.name for p in (tmp_path / "ckpt").iterdir() if p.name.isdigit()) == ["10"]
-    lines = _launch(tmp_path, 2, 4, 12, "b")
-    assert any("resumed from" in x and "at step 10" in x for x in lines), lines
-    np.testing.assert_allclose(_losses(tmp_path / "b.jsonl"), reference[10:12], rtol=1e-5)
-    lines = _launch(tmp_path, 4, 2, 14, "c")
-    assert any("resumed from" in x and "at step 12" in x for x in lines), lines
-    np.testing.assert_allclose(_losses(tmp_path / "c.jsonl"), reference[12:14], rtol=1e-5)
+    np.testing.assert_allclose(
+        _losses(tmp_path / "a.jsonl"), _one(10, tmp_path / "one.jsonl"), rtol=1e-5
+    )
+    assert [p.name for p in ckpt.iterdir() if p.name.isdigit()] == ["10"]
+    copies = {name: tmp_path / name for name in ("ref", "four")}
+    for copy in copies.values():
+        shutil.copytree(ckpt, copy)
+    reference = _one(14, tmp_path / "ref.jsonl", copies["ref"])
+    assert len(reference) == 4
+    for processes, per, where, name in ((2, 4, ckpt, "b"), (4, 2, copies["four"], "c")):
+        lines = _launch(processes, per, 14, where, tmp_path / f"{name}.jsonl")
+        assert any("resumed from" in x and "at step 10" in x for x in lines), lines
+        np.testing.assert_allclose(_losses(tmp_path / f"{name}.jsonl"), reference, rtol=1e-5)
