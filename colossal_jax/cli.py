@@ -122,7 +122,8 @@ def build_parser() -> argparse.ArgumentParser:
         prog="train.py",
         description="Train a GPT with data, tensor (1D/2D/2.5D/3D) and sequence parallelism.",
         epilog="exit status: 0 done; 2 configuration error; 3 a loss or gradient norm was not "
-        "finite (that step is not saved; fp16: see README); 130/143 SIGINT/SIGTERM (a checkpoint "
+        "finite (that step is not saved; fp16: see README); 4 lost contact with a peer process "
+        "(--peer-timeout); 130/143 SIGINT/SIGTERM (a checkpoint "
         "at the step reached, then exit; re-run the same command to resume)",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
         allow_abbrev=False,  # --step is a mistake for --steps, not an abbreviation of it

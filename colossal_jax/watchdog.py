@@ -97,11 +97,7 @@ class Beats:
 
 def lost_line(lost: list[int], timeout: float, what: str) -> str:
     """``error: lost contact with process 1 (...); exiting`` for the processes ``lost``."""
-    who = (
-        f"process {lost[0]}"
-        if len(lost) == 1
-        else "processes " + ", ".join(str(i) for i in lost)
-    )
+    who = f"process {lost[0]}" if len(lost) == 1 else "processes " + ", ".join(str(i) for i in lost)
     return f"error: lost contact with {who} ({what} unfinished after {timeout:g}s); exiting"
 
 

@@ -59,9 +59,7 @@ def parse(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     p.add_argument("--processes", type=int, required=True, help="how many processes, e.g. 2")
     p.add_argument("--devices-per-process", type=int, default=None, help="--devices of each")
     p.add_argument("--port", type=int, default=None, help="coordinator port (default: a free one)")
-    p.add_argument(
-        "--grace", type=float, default=30.0, help="seconds between SIGTERM and SIGKILL"
-    )
+    p.add_argument("--grace", type=float, default=30.0, help="seconds between SIGTERM and SIGKILL")
     args = p.parse_args(own)
     if args.processes < 1:
         raise LaunchError(f"--processes {args.processes} must be at least 1; e.g. --processes 2")
