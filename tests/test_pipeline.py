@@ -127,8 +127,12 @@ def test_one_step_gradients_equal_the_unpipelined_ones(parallel):
         np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-7)
 
 
+# every schedule at both depths with m = 8 (m = 4 is covered by the one-step gradient test above)
+CURVES = [g for g in GRID if g[2] == 8]
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("name,p,m,v", GRID, ids=[f"{n}-p{p}-m{m}" for n, p, m, _ in GRID])
+@pytest.mark.parametrize("name,p,m,v", CURVES, ids=[f"{n}-p{p}-m{m}" for n, p, m, _ in CURVES])
 def test_every_schedule_gives_the_data_parallel_loss_curve(name, p, m, v, data_parallel_losses):
     got = losses(_cfg(pipe=p, data=8 // p, pipeline=name, microbatches=m, virtual_stages=v))
     np.testing.assert_allclose(got, data_parallel_losses, rtol=1e-4)

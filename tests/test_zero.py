@@ -55,19 +55,19 @@ def test_zero_stage_and_accumulation_give_the_zero0_curve(zero0_losses, zero, ac
         dict(data=2, tensor_row=4, tensor_mode="1d", zero=3),
         dict(data=2, tensor_row=2, tensor_col=2, tensor_mode="2d", zero=2),
         dict(data=8, zero=3, offload="optimizer"),
-        dict(data=8, zero=3, offload="params", grad_accum=2),
         dict(data=4, pipe=2, zero=1),
-        dict(data=4, pipe=2, zero=1, grad_accum=2),
         dict(data=2, seq=4, seq_mode="ring", zero=3),
+        dict(data=2, pipe=2, tensor_row=2, tensor_mode="1d", zero=3, grad_accum=2),
+        dict(data=4, pipe=2, remat="full"),
     ],
     ids=[
         "zero3-1d",
         "zero2-2d",
         "zero3-offload-opt",
-        "zero3-offload-params",
         "zero1-1f1b",
-        "zero1-1f1b-accum2",
         "zero3-ring",
+        "zero3-1f1b-1d-accum2",
+        "remat-1f1b",
     ],  # fmt: skip
 )
 def test_zero_composes_with_tensor_sequence_pipeline_and_offload(zero0_losses, kw):
