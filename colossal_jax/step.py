@@ -99,15 +99,14 @@ def sharded_value_and_grad(
             )
             early = stage >= 2  # reduce each microbatch into a sharded accumulator
 
-            def add(acc, mb):
+            def one(mb):
                 loss, g = grad_fn(params, mb)
-                if early:
-                    g = zero.reduce(g, dims, stage)
-                return jax.tree.map(jnp.add, acc, (loss, g)), None
+                return loss, (zero.reduce(g, dims, stage) if early else g)
 
-            first_loss, first = grad_fn(params, jax.tree.map(lambda a: a[0], micro))
-            if early:
-                first = zero.reduce(first, dims, stage)
+            def add(acc, mb):
+                return jax.tree.map(jnp.add, acc, one(mb)), None
+
+            first_loss, first = one(jax.tree.map(lambda a: a[0], micro))
             rest = jax.tree.map(lambda a: a[1:], micro)
             (loss, grads), _ = jax.lax.scan(add, (first_loss, first), rest)
             if not early:

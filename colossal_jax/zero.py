@@ -38,7 +38,6 @@ from typing import Any
 import jax
 from flax import nnx
 from jax.ad_checkpoint import checkpoint_name
-from jax.sharding import Mesh
 
 from colossal_jax.layers.stack import StackOptions, is_stacked
 from colossal_jax.sharding import _axes_of, is_variable, variable_spec, zero_spec
@@ -167,7 +166,3 @@ def reduce(grads: Any, dims: Any, stage: int) -> Any:
         return g
 
     return _map(one, grads, dims)
-
-
-def sizes(mesh: Mesh) -> int:
-    return mesh.shape.get(AXIS, 1)
