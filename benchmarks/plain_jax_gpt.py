@@ -308,14 +308,21 @@ class PlainRun:
     def put_batch(self, batch: dict[str, np.ndarray]) -> dict[str, jax.Array]:
         return {k: jax.device_put(v, self.batch_sharding) for k, v in batch.items()}
 
-    def value_and_grad(self, params: Params, batch: dict[str, jax.Array]):
-        """The jitted ``(loss, gradients)`` of ``params`` on ``batch``, in the step's shardings."""
+    def _loss(self) -> Callable:
         constrain = _constrainer(self.mesh, Shardings(self.mode).residual())
 
         def f(p, b):
             return loss_fn(p, b, self.cfg, compute_dtype=self.compute_dtype, constrain=constrain)
 
-        return jax.jit(jax.value_and_grad(f))(params, batch)
+        return f
+
+    def loss(self, params: Params, batch: dict[str, jax.Array]) -> jax.Array:
+        """The jitted loss of ``params`` on ``batch``, in the step's shardings."""
+        return jax.jit(self._loss())(params, batch)
+
+    def value_and_grad(self, params: Params, batch: dict[str, jax.Array]):
+        """The jitted ``(loss, gradients)`` of ``params`` on ``batch``, in the step's shardings."""
+        return jax.jit(jax.value_and_grad(self._loss()))(params, batch)
 
 
 def _constrainer(mesh: Mesh, spec: P | None) -> Callable:

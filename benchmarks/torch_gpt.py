@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -152,13 +151,35 @@ def lr_lambda(cfg: OptimConfig, total_steps: int) -> Callable[[int], float]:
     return f
 
 
-@dataclass
 class TorchRun:
-    """A compiled PyTorch training step on one device."""
+    """A compiled PyTorch training step on one device (``torch.compile`` of the loss; AdamW;
+    bf16 autocast on CUDA, fp32 otherwise)."""
 
-    model: GPT
-    step: Callable[[dict[str, np.ndarray]], tuple[torch.Tensor, torch.Tensor]]
-    device: torch.device
+    def __init__(self, cfg: GPTConfig, optim: OptimConfig, total_steps: int):
+        if optim.name != "adamw":
+            raise ValueError(f"the PyTorch baseline has AdamW only, not {optim.name!r}")
+        self.device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        self.model = GPT(cfg).to(self.device)
+        self.optim, self.total_steps = optim, total_steps
+        self.loss_fn = torch.compile(self.model.loss)
+        self.reset()
+
+    def reset(self, library_state: Any = None) -> None:
+        """A fresh optimizer and schedule; with ``library_state``, the library's parameters."""
+        if library_state is not None:
+            load_library_params(self.model, library_state)
+        o = self.optim
+        params = list(self.model.parameters())
+        self.opt = torch.optim.AdamW(
+            [
+                {"params": [p for p in params if p.ndim >= 2], "weight_decay": o.weight_decay},
+                {"params": [p for p in params if p.ndim < 2], "weight_decay": 0.0},
+            ],
+            lr=o.lr,
+            betas=(o.b1, o.b2),
+            eps=o.eps,
+        )
+        self.sched = torch.optim.lr_scheduler.LambdaLR(self.opt, lr_lambda(o, self.total_steps))
 
     def put_batch(self, batch: dict[str, np.ndarray]) -> dict[str, torch.Tensor]:
         return {k: torch.from_numpy(np.asarray(v)).to(self.device) for k, v in batch.items()}
@@ -167,44 +188,17 @@ class TorchRun:
         if self.device.type == "cuda":
             torch.cuda.synchronize()
 
-
-def build(
-    cfg: GPTConfig, optim: OptimConfig, total_steps: int, *, library_state: Any = None
-) -> TorchRun:
-    """The model (loaded from ``library_state`` when given), AdamW and a step under
-    ``torch.compile``; bf16 autocast on CUDA, fp32 otherwise."""
-    if optim.name != "adamw":
-        raise ValueError(f"the PyTorch baseline has AdamW only, not {optim.name!r}")
-    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    model = GPT(cfg)
-    if library_state is not None:
-        load_library_params(model, library_state)
-    model.to(device)
-    decay = [p for p in model.parameters() if p.ndim >= 2]
-    rest = [p for p in model.parameters() if p.ndim < 2]
-    opt = torch.optim.AdamW(
-        [
-            {"params": decay, "weight_decay": optim.weight_decay},
-            {"params": rest, "weight_decay": 0.0},
-        ],
-        lr=optim.lr,
-        betas=(optim.b1, optim.b2),
-        eps=optim.eps,
-    )
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, lr_lambda(optim, total_steps))
-    loss_fn = torch.compile(model.loss)
-    autocast = device.type == "cuda"
-
-    def step(batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
-        opt.zero_grad(set_to_none=True)
-        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=autocast):
-            loss = loss_fn(batch["tokens"], batch["positions"], batch["targets"], batch["weights"])
+    def step(self, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+        """One optimizer step; returns ``(loss, gradient norm before clipping)``."""
+        self.opt.zero_grad(set_to_none=True)
+        cuda = self.device.type == "cuda"
+        with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=cuda):
+            loss = self.loss_fn(
+                batch["tokens"], batch["positions"], batch["targets"], batch["weights"]
+            )
         loss.backward()
-        norm = torch.nn.utils.clip_grad_norm_(
-            model.parameters(), optim.clip_norm if optim.clip_norm > 0 else float("inf")
-        )
-        opt.step()
-        sched.step()
+        clip = self.optim.clip_norm if self.optim.clip_norm > 0 else float("inf")
+        norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), clip)
+        self.opt.step()
+        self.sched.step()
         return loss.detach(), norm.detach()
-
-    return TorchRun(model, step, device)

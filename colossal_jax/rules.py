@@ -730,3 +730,62 @@ def check_memory(cfg: TrainConfig, model: Any, capacity: int, sharing: int = 1) 
         f"state on the mesh {cfg.parallel.short()}, but {where}; use {alternative}, more tensor "
         "parallelism, or --zero 3"
     )
+
+
+# ---- benchmarks (scripts/bench_throughput.py) ----------------------------------------------------
+
+BASELINES = ("plain-jax", "torch", "none")
+
+
+def check_bench(baseline: str, timed_steps: int, warmup: int) -> None:
+    """The harness's own flags: a known baseline, at least 2 timed steps, no negative warm-up."""
+    if baseline not in BASELINES:
+        raise ConfigError(choice("--baseline", baseline, BASELINES))
+    if timed_steps < 2:
+        raise ConfigError(
+            f"--timed-steps {timed_steps} gives no median worth the name; use at least 2 (e.g. "
+            "--timed-steps 20)"
+        )
+    if warmup < 0:
+        raise ConfigError(f"--bench-warmup {warmup} must be 0 or more (e.g. --bench-warmup 3)")
+
+
+def check_baseline(cfg: TrainConfig, baseline: str) -> None:
+    """What each baseline can mirror. ``plain-jax`` (benchmarks/plain_jax_gpt.py) shards over
+    ``data`` and tensor modes none, 1d and 2d, with learned positions, fp32 or bf16, no ZeRO,
+    remat, offload, accumulation, pipeline or sequence split (its step must do the library's
+    work and nothing else). ``torch`` runs on one device with AdamW and learned positions."""
+    if baseline == "none":
+        return
+    model = _models()[cfg.model]
+    position = cfg.model_overrides.get("position", model.position)
+    if position != "learned":
+        raise ConfigError(
+            f"--baseline {baseline} has learned positions only, not model.position={position}; "
+            "drop --set model.position or use --baseline none"
+        )
+    if baseline == "torch":
+        if cfg.optim.name != "adamw":
+            raise ConfigError(
+                f"--baseline torch trains with AdamW only, not --optimizer {cfg.optim.name}; "
+                "use --optimizer adamw or --baseline plain-jax"
+            )
+        return
+    par = cfg.parallel
+    unmirrored = [
+        (par.pipe > 1, f"pipe={par.pipe}"),
+        (par.seq > 1, f"seq={par.seq}"),
+        (par.tensor_mode not in ("none", "1d", "2d"), f"--tensor-mode {par.tensor_mode}"),
+        (par.zero != 0, f"--zero {par.zero}"),
+        (cfg.remat != "none", f"--remat {cfg.remat}"),
+        (cfg.offload != "none", f"--offload {cfg.offload}"),
+        (grad_accum_of(cfg) != 1, "gradient accumulation"),
+        (cfg.precision == "fp16", "--precision fp16 (loss scaling)"),
+    ]
+    for bad, what in unmirrored:
+        if bad:
+            raise ConfigError(
+                f"--baseline plain-jax mirrors data parallelism and 1d/2d tensor parallelism "
+                f"only, not {what}; e.g. --mesh data=2,tensor=4 --tensor-mode 2d, or "
+                "--baseline none"
+            )
