@@ -27,7 +27,7 @@ TENSOR_MODES = ("none", "1d", "2d", "2.5d", "3d")
 ATTENTION_IMPLS = ("auto", "xla", "cudnn")
 SEQ_MODES = ("none", "ring", "ulysses", "ring-self-attention")
 PRECISIONS = ("fp32", "bf16", "fp16")
-REMATS = ("none", "full", "selective", "offload")
+REMATS = ("none", "dots", "full", "selective", "offload")
 OFFLOADS = ("none", "optimizer", "params")
 PIPELINES = ("none", "gpipe", "1f1b", "interleaved")
 OPTIMIZERS = ("adamw", "lamb", "lars", "sgd")
@@ -338,8 +338,9 @@ class TrainConfig:
       seq_len: tokens per sequence.
       precision: fp32 | bf16 | fp16 (bf16/fp16 compute, fp32 master weights and optimizer
         state; fp16 with dynamic loss scaling).
-      remat: activation checkpointing of each stack layer: none | full | selective | offload
-        (:mod:`colossal_jax.remat`).
+      remat: activation checkpointing of each stack layer: none | dots | full | selective |
+        offload (:mod:`colossal_jax.remat`; ``dots``, the default, recomputes element-wise ops
+        only).
       grad_accum: microbatches accumulated per optimizer step (the batch is split into this
         many; the update equals the one of the whole batch).
       device_batch: sequences per batch shard per microbatch; with it the accumulation count is
@@ -371,7 +372,7 @@ class TrainConfig:
     batch_size: int = 16
     seq_len: int = 128
     precision: str = "fp32"
-    remat: str = "none"
+    remat: str = "dots"
     grad_accum: int = 1
     device_batch: int | None = None
     offload: str = "none"

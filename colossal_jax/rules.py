@@ -753,8 +753,8 @@ def check_bench(baseline: str, timed_steps: int, warmup: int) -> None:
 def check_baseline(cfg: TrainConfig, baseline: str) -> None:
     """What each baseline can mirror. ``plain-jax`` (benchmarks/plain_jax_gpt.py) shards over
     ``data`` and tensor modes none, 1d and 2d, with learned positions, fp32 or bf16, no ZeRO,
-    remat, offload, accumulation, pipeline or sequence split (its step must do the library's
-    work and nothing else). ``torch`` runs on one device with AdamW and learned positions."""
+    offload, accumulation, pipeline or sequence split, and no remat that recomputes a matmul
+    (``none`` or ``dots``): its step must do the library's work and nothing else. ``torch`` runs on one device with AdamW and learned positions."""
     if baseline == "none":
         return
     model = _models()[cfg.model]
@@ -777,7 +777,7 @@ def check_baseline(cfg: TrainConfig, baseline: str) -> None:
         (par.seq > 1, f"seq={par.seq}"),
         (par.tensor_mode not in ("none", "1d", "2d"), f"--tensor-mode {par.tensor_mode}"),
         (par.zero != 0, f"--zero {par.zero}"),
-        (cfg.remat != "none", f"--remat {cfg.remat}"),
+        (cfg.remat not in ("none", "dots"), f"--remat {cfg.remat}"),
         (cfg.offload != "none", f"--offload {cfg.offload}"),
         (grad_accum_of(cfg) != 1, "gradient accumulation"),
         (cfg.precision == "fp16", "--precision fp16 (loss scaling)"),
