@@ -425,6 +425,7 @@ def main(argv: list[str] | None = None) -> int:
         check_bench_args(args)
         cli.preflight.check_args(args)
         devices_set = cli._setup_devices(args)
+        cli.apply_xla_preset(args.xla_preset)
         if (known := cli.devices_before_jax(args, devices_set)) is not None:
             cli.check_before_jax(args, known)
         import jax

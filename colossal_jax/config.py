@@ -364,6 +364,10 @@ class TrainConfig:
       eval_batches: held-out batches (of ``batch_size`` sequences) each evaluation averages.
       peak_tflops: peak dense bf16 TFLOP/s per device for MFU where the built-in table lacks the
         device (``None``: the table's figure, or MFU not reported).
+      xla_preset: a named set of XLA flags (:mod:`colossal_jax.xla_presets`, e.g. ``gpu-perf``)
+        applied before JAX starts; ``None``: XLA's defaults.
+      profile_dir, profile_steps: write a ``jax.profiler`` trace of steps ``"A:B"`` (1-based,
+        inclusive) to ``profile_dir`` (:mod:`colossal_jax.profiling`).
     """
 
     model: str = "gpt2-tiny"
@@ -389,6 +393,9 @@ class TrainConfig:
     eval_every: int = 50
     eval_batches: int = 4
     peak_tflops: float | None = None
+    xla_preset: str | None = None
+    profile_dir: str | None = None
+    profile_steps: str | None = None
     optim: OptimConfig = field(default_factory=OptimConfig)
     parallel: ParallelConfig = field(default_factory=ParallelConfig)
 
@@ -398,7 +405,7 @@ class TrainConfig:
         from colossal_jax import preflight, rules
 
         rules.check_config(self)
-        for name in ("checkpoint_dir", "metrics_file"):
+        for name in ("checkpoint_dir", "metrics_file", "profile_dir"):
             preflight.check_field(name, getattr(self, name))
 
 

@@ -257,6 +257,9 @@ def check_train(cfg: TrainConfig) -> None:
             "(e.g. --checkpoint-every 50)"
         )
     check_keep_checkpoints(cfg.keep_checkpoints)
+    if cfg.xla_preset is not None:
+        check_xla_preset(cfg.xla_preset)
+    check_profile(cfg.profile_dir, cfg.profile_steps, cfg.steps)
     _check_run_fields(cfg)
     check_axes_for_modes(par)
 
@@ -754,7 +757,8 @@ def check_baseline(cfg: TrainConfig, baseline: str) -> None:
     """What each baseline can mirror. ``plain-jax`` (benchmarks/plain_jax_gpt.py) shards over
     ``data`` and tensor modes none, 1d and 2d, with learned positions, fp32 or bf16, no ZeRO,
     offload, accumulation, pipeline or sequence split, and no remat that recomputes a matmul
-    (``none`` or ``dots``): its step must do the library's work and nothing else. ``torch`` runs on one device with AdamW and learned positions."""
+    (``none`` or ``dots``): its step must do the library's work and nothing else. ``torch``
+    runs on one device with AdamW and learned positions."""
     if baseline == "none":
         return
     model = _models()[cfg.model]
@@ -789,3 +793,36 @@ def check_baseline(cfg: TrainConfig, baseline: str) -> None:
                 f"only, not {what}; e.g. --mesh data=2,tensor=4 --tensor-mode 2d, or "
                 "--baseline none"
             )
+
+
+# ---- performance settings (--xla-preset, --profile-dir/--profile-steps) -------------------------
+
+
+def _presets() -> tuple[str, ...]:
+    from colossal_jax.xla_presets import PRESETS
+
+    return tuple(PRESETS)
+
+
+def check_xla_preset(name: str) -> None:
+    if name not in _presets():
+        raise ConfigError(choice("--xla-preset", name, _presets()))
+
+
+def check_profile(directory: str | None, steps: str | None, total_steps: int) -> None:
+    """``--profile-steps A:B`` needs ``--profile-dir`` and ``1 <= A <= B <= --steps``."""
+    if steps is None:
+        return
+    example = f"--profile-steps {min(3, total_steps)}:{min(5, total_steps)}"
+    if directory is None:
+        raise ConfigError(f"--profile-steps {steps} needs --profile-dir DIR (where the trace goes)")
+    first, sep, last = str(steps).partition(":")
+    try:
+        a, b = int(first), int(last)
+    except ValueError:
+        a, b = 0, -1
+    if not sep or not 1 <= a <= b <= total_steps:
+        raise ConfigError(
+            f"--profile-steps {steps} must be A:B with 1 <= A <= B <= --steps {total_steps} "
+            f"(the steps traced, inclusive); e.g. {example}"
+        )

@@ -26,7 +26,7 @@ import optax
 from flax import nnx
 from jax.sharding import NamedSharding
 
-from colossal_jax import signals, watchdog
+from colossal_jax import signals, watchdog, xla_presets
 from colossal_jax.checkpoint import Checkpointer, abstract_like
 from colossal_jax.config import ConfigError, TrainConfig
 from colossal_jax.data import Batches, load_corpus, split_corpus
@@ -36,6 +36,7 @@ from colossal_jax.layers import use_parallelism
 from colossal_jax.mesh import build_mesh
 from colossal_jax.metrics import MetricsWriter, device_memory, peak_flops
 from colossal_jax.optim import make_optimizer, schedule
+from colossal_jax.profiling import StepProfiler
 from colossal_jax.rules import grad_accum_of, resolve_model
 from colossal_jax.sharding import make_layout, make_local_attention, tree_shardings
 from colossal_jax.step import sharded_value_and_grad, stack_layer_dims
@@ -102,6 +103,8 @@ class Run:
 def build(cfg: TrainConfig) -> Run:
     """Validate ``cfg`` against the devices and the model, and derive every sharding."""
     cfg.validate()
+    if cfg.xla_preset is not None:
+        xla_presets.check_applied(cfg.xla_preset)
     corpus = load_corpus(cfg.data)
     model = resolve_model(cfg, corpus.vocab_size)
     devices = jax.devices()
@@ -601,6 +604,7 @@ def _train(
     losses: list[float] = []
     timed_tokens, timed_seconds = 0, 0.0
     step = start_step
+    profiler = StepProfiler.of(cfg)  # --profile-dir: a trace of --profile-steps
     try:
         if eval_fn is not None:
             watchdog.arm(f"the evaluation at step {start_step}")
@@ -617,6 +621,7 @@ def _train(
             )
         while step < cfg.steps:
             watchdog.arm(f"step {step + 1}")  # through its evaluation and save
+            profiler.step(step + 1, pending=params)
             batch = global_batch(run, step)
             t0 = time.perf_counter()
             params, opt_state, out = compiled(params, opt_state, batch)
@@ -668,6 +673,7 @@ def _train(
             watchdog.disarm()
             _stop_if_signalled(ckpt, step, started=True)
     finally:
+        profiler.close(pending=params)
         watchdog.disarm()
         if bar is not None:
             bar.close()
