@@ -161,9 +161,13 @@ class Checkpointer:
         except Exception:  # noqa: BLE001 - an unreadable layout is left to the restore itself
             return None
 
+    def due(self, step: int) -> bool:
+        """Whether ``step`` is one of the every-``every`` steps that are saved."""
+        return step % self.every == 0
+
     def save(self, step: int, state: Any, meta: dict, *, force: bool = False) -> bool:
         """Start an asynchronous save of ``step`` if it is due (or ``force``)."""
-        if not force and step % self.every:
+        if not force and not self.due(step):
             return False
         if self.manager.latest_step() == step:
             return False

@@ -526,6 +526,10 @@ def _init_distributed(args, cluster: str | None) -> None:
     # timeout after a peer's death): three times the watchdog's timeout, so that a peer lost
     # during a step is reported by the watchdog's one line
     timeout = max(1, math.ceil(3 * args.peer_timeout))
+    # JAX's preemption service takes SIGTERM over in C++ (for reached_preemption_sync_point),
+    # so Python's handler would never see it. The steps carry every process's stop flag instead
+    # (train.stop_flags): one mechanism for SIGINT and SIGTERM, agreed at the same step by all.
+    jax.config.update("jax_enable_preemption_service", False)
     if cluster is not None:
         print(f"cluster: {cluster}; jax.distributed.initialize() detects the rest", file=sys.stderr)
         jax.distributed.initialize(heartbeat_timeout_seconds=timeout)
@@ -536,6 +540,7 @@ def _init_distributed(args, cluster: str | None) -> None:
             process_id=args.process_id,
             heartbeat_timeout_seconds=timeout,
         )
+    signals.install()  # again, in case the runtime replaced a handler
     watchdog.start(args.peer_timeout, exit_code=PEER_LOST_EXIT)
 
 
