@@ -219,8 +219,14 @@ def to_device(tree: Any, device_shardings: Any, shardings: Any) -> Any:
 
 
 def init_state(run: Run) -> tuple[Any, Any]:
-    """Parameters and optimizer state, created directly in their shardings."""
+    """Parameters and optimizer state, created directly in their shardings (with
+    ``init_from_hf``: the parameters read from that Hugging Face directory into them)."""
     model_cfg, seed = run.model, run.cfg.seed
+    if run.cfg.init_from_hf is not None:
+        from colossal_jax.hf.load import load_params
+
+        params = load_params(run)
+        return params, jax.jit(run.tx.init, out_shardings=run.opt_shardings)(params)
 
     def init():
         params = nnx.state(GPT(model_cfg, rngs=nnx.Rngs(seed)))
