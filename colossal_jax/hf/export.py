@@ -100,3 +100,31 @@ def _abstract_params(model: str, arch: dict) -> Any:
     cfg = model_config(model, **arch)
     abstract = nnx.eval_shape(lambda: GPT(cfg, rngs=nnx.Rngs(0)))
     return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), nnx.state(abstract))
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``scripts/export_hf.py CHECKPOINT_DIR OUT_DIR [--step N]``; exit status 0, or 2 with one
+    ``error:`` line."""
+    import argparse
+    import sys
+
+    p = argparse.ArgumentParser(
+        prog="export_hf.py",
+        description="Write a colossal-jax checkpoint as a Hugging Face directory (config.json + "
+        "model.safetensors) that transformers' from_pretrained loads.",
+    )
+    p.add_argument("checkpoint_dir", help="the --checkpoint-dir of a training run")
+    p.add_argument("out_dir", help="the Hugging Face directory to write (created if needed)")
+    p.add_argument("--step", type=int, default=None, help="checkpoint step (default: latest)")
+    args = p.parse_args(argv)
+    try:
+        path = export(args.checkpoint_dir, args.out_dir, args.step)
+    except ConfigError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    config = json.loads((path.parent / hf.CONFIG).read_text())
+    print(
+        f"wrote {path} ({path.stat().st_size / 2**20:.1f} MiB) and {hf.CONFIG}: "
+        f"{config['architectures'][0]}, step {config['colossal_jax']['step']}"
+    )
+    return 0
