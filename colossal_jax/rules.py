@@ -819,3 +819,42 @@ def check_init_from_hf(cfg: TrainConfig) -> None:
     ``--set model.*`` does not contradict (:func:`model_overrides`)."""
     if cfg.init_from_hf is not None:
         model_overrides(cfg)
+
+
+# ---- sampling (scripts/generate.py) -------------------------------------------------------------
+
+
+def check_sampling(
+    *,
+    prompt_tokens: int,
+    max_new_tokens: int,
+    temperature: float,
+    top_k: int | None,
+    num_samples: int,
+    vocab_size: int,
+    prompt_vocab: int,
+) -> None:
+    """The sampling flags of ``scripts/generate.py`` against the model's vocabulary."""
+    if prompt_tokens < 1:
+        raise ConfigError("--prompt is empty; give at least one character, e.g. --prompt 'def '")
+    if max_new_tokens < 1:
+        raise ConfigError(
+            f"--max-new-tokens {max_new_tokens} must be at least 1 (e.g. --max-new-tokens 200)"
+        )
+    if not (math.isfinite(temperature) and temperature >= 0):
+        raise ConfigError(
+            f"--temperature {temperature} must be a finite number ≥ 0 (0: greedy); e.g. "
+            "--temperature 0.8"
+        )
+    if top_k is not None and not 1 <= top_k <= vocab_size:
+        raise ConfigError(
+            f"--top-k {top_k} must be between 1 and the vocabulary size {vocab_size}; e.g. "
+            "--top-k 40, or omit it"
+        )
+    if num_samples < 1:
+        raise ConfigError(f"--num-samples {num_samples} must be at least 1 (e.g. --num-samples 1)")
+    if prompt_vocab > vocab_size:
+        raise ConfigError(
+            f"--prompt encodes to byte ids up to {prompt_vocab - 1}, beyond the model's "
+            f"vocabulary of {vocab_size}; use a prompt of characters the model was trained on"
+        )
