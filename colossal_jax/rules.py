@@ -568,9 +568,14 @@ def check_run(cfg: TrainConfig, model: Any) -> None:
     """Every divisibility the mesh and modes need of the batch, the sequence and the model."""
     par = cfg.parallel
     if cfg.seq_len > model.block_size:
+        fix = (
+            f"(n_positions of --init-from-hf {cfg.init_from_hf})"
+            if cfg.init_from_hf is not None
+            else f"or --set model.block_size={cfg.seq_len}"
+        )
         raise ConfigError(
             f"--seq-len {cfg.seq_len} exceeds the model's block_size {model.block_size}; use "
-            f"--seq-len {model.block_size} or --set model.block_size={cfg.seq_len}"
+            f"--seq-len {model.block_size} {fix}"
         )
     split = batch_shards(par)
     if cfg.batch_size % split:

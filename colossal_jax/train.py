@@ -519,6 +519,8 @@ def train(
             f"{cfg.optim.name} lr={cfg.optim.lr} precision={cfg.precision}"
         )
 
+        if cfg.init_from_hf is not None:
+            log(f"init: the weights of {cfg.init_from_hf} (a checkpoint to resume wins)")
         if cfg.parallel.zero >= 1 and (rest := replicated_leftovers(run)):
             log(
                 f"ZeRO-{cfg.parallel.zero}: {len(rest)} parameter(s) have no dimension divisible "
