@@ -56,6 +56,10 @@ def hf_dir(tmp_path_factory):
     return path, tokens, logits
 
 
+def _flat(tree) -> dict[str, np.ndarray]:
+    return {jax.tree_util.keystr(p): np.asarray(x) for p, x in jax.tree.leaves_with_path(tree)}
+
+
 def _logits(run, params, tokens):
     from colossal_jax.generate import forward
 
@@ -116,11 +120,7 @@ def test_export_then_import_is_bit_exact_and_transformers_agrees(hf_dir, tmp_pat
     assert config["tie_word_embeddings"] is False and config["colossal_jax"]["step"] == 3
 
     back = load_params(build(dataclasses.replace(cfg, model_overrides={}, init_from_hf=str(out))))
-
-    def flat(tree):
-        return {jax.tree_util.keystr(p): np.asarray(x) for p, x in jax.tree.leaves_with_path(tree)}
-
-    mine, again = flat(params), flat(back)
+    mine, again = _flat(params), _flat(back)
     assert mine.keys() == again.keys()
     for k in mine:
         assert mine[k].dtype == again[k].dtype and np.array_equal(mine[k], again[k]), k
@@ -130,6 +130,43 @@ def test_export_then_import_is_bit_exact_and_transformers_agrees(hf_dir, tmp_pat
     with torch.no_grad():
         theirs = model(torch.from_numpy(tokens).long()).logits.numpy()
     np.testing.assert_allclose(_logits(run, params, tokens), theirs, atol=1e-4, rtol=0)
+
+
+def test_other_file_layouts_load_the_same_parameters(hf_dir, tmp_path):
+    """Shards with an index, a base-model ``pytorch_model.bin`` (no ``transformer.`` prefix,
+    with the causal-mask buffers old checkpoints hold) and bf16 weights (cast up)."""
+    import shutil
+
+    from colossal_jax.hf.load import load_params
+    from colossal_jax.train import build
+
+    path, _, _ = hf_dir
+    model = transformers.GPT2LMHeadModel.from_pretrained(path)
+    model.save_pretrained(tmp_path / "shards", max_shard_size="100KB")
+    assert (tmp_path / "shards" / "model.safetensors.index.json").is_file()
+    (tmp_path / "bin").mkdir()
+    shutil.copy(path / "config.json", tmp_path / "bin")
+    base = dict(model.transformer.state_dict())
+    base["h.0.attn.bias"] = torch.tril(torch.ones(32, 32))[None, None]
+    torch.save(base, tmp_path / "bin" / "pytorch_model.bin")
+    model.to(torch.bfloat16).save_pretrained(tmp_path / "bf16")
+
+    def flat(directory):
+        params = load_params(build(_config(directory)))
+        return {
+            jax.tree_util.keystr(p): np.asarray(x) for p, x in jax.tree.leaves_with_path(params)
+        }
+
+    want = flat(path)
+    for name in ("shards", "bin"):
+        got = flat(tmp_path / name)
+        assert all(np.array_equal(got[k], want[k]) for k in want), name
+    import ml_dtypes
+
+    got = flat(tmp_path / "bf16")
+    for k in want:
+        assert got[k].dtype == np.float32
+        np.testing.assert_array_equal(got[k], want[k].astype(ml_dtypes.bfloat16).astype(np.float32))
 
 
 def test_directory_rules(hf_dir, tmp_path):
