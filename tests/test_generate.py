@@ -1,7 +1,7 @@
 """Sampling from a checkpoint (scripts/generate.py): a tiny GPT trained for a few steps here,
-sampled twice with one seed (the same text), greedily on one device and on a sequence- and
-tensor-parallel mesh through the command line (the same text: the window's zigzag layout and
-the layout's kernels change nothing)."""
+sampled twice with one seed (the same text), greedily on one device (each token the argmax of
+the plain forward) and on a sequence- and tensor-parallel mesh through the command line (the
+same text: the window's zigzag layout and the layout's kernels change nothing)."""
 
 from __future__ import annotations
 
@@ -43,10 +43,20 @@ def test_sampling_decodes_and_is_deterministic_for_a_seed(checkpoint):
 
 
 def test_greedy_on_a_ring_and_tensor_mesh_matches_one_device(checkpoint, capsys):
-    from colossal_jax.generate import Sampler, Sampling, main
+    import jax
+    import numpy as np
+
+    from colossal_jax.generate import Sampler, Sampling, forward, main
 
     greedy = Sampling(max_new_tokens=12, temperature=0.0)
-    want = Sampler(checkpoint, devices=1).sample("import ", greedy)[0]
+    sampler = Sampler(checkpoint, devices=1)
+    (ids,) = sampler.sample_ids("import ", greedy)
+    # each greedy token is the argmax of the plain forward's logits at the token before it
+    run, params, _ = sampler._build(1, len(ids), greedy)
+    tokens = np.asarray([ids], np.int32)
+    logits = jax.jit(forward(run))(params, tokens, np.arange(len(ids), dtype=np.int32)[None])
+    assert np.asarray(logits)[0, 6:-1].argmax(-1).tolist() == ids[7:]
+    want = sampler.sample("import ", greedy)[0]
     argv = ["--checkpoint-dir", checkpoint, "--prompt", "import ", "--max-new-tokens", "12"]
     mesh = ["--devices", "4", "--mesh", "seq=2,tensor=2", "--tensor-mode", "1d"]
     assert main([*argv, "--temperature", "0", *mesh]) == 0
