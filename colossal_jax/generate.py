@@ -78,7 +78,8 @@ class Sampler:
     """A checkpoint's parameters in a mesh, and the compiled next-token step.
 
     ``Sampler(checkpoint_dir, parallel, devices=n)`` restores the latest checkpoint (or
-    ``step``) into ``parallel``'s mesh; :meth:`sample` generates from a prompt."""
+    ``step``) into ``parallel``'s mesh (default: one device; ``devices`` defaults to the mesh's
+    size, the first devices); :meth:`sample` generates from a prompt."""
 
     def __init__(
         self,
@@ -111,7 +112,7 @@ class Sampler:
             data="synthetic",
             init_from_hf=None,
             parallel=self.parallel,
-            devices=devices,
+            devices=devices if devices is not None else self.parallel.size,
             checkpoint_dir=None,
             metrics_file=None,
             tensorboard_dir=None,
