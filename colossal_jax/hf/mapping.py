@@ -20,8 +20,10 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-import numpy as np
+if TYPE_CHECKING:  # NumPy is imported where arrays are read: the rules import this module
+    import numpy as np
 
 
 @dataclass(frozen=True)
@@ -70,6 +72,8 @@ def read_region(
 ) -> np.ndarray:
     """``ours[index]`` (ours has ``shape``) read from the HF ``tensors``, touching only that
     region, as ``dtype``."""
+    import numpy as np
+
     if not piece.stacked:
         return np.asarray(piece.oriented(tensors[piece.name])[index], dtype=dtype)
     layers = range(*index[0].indices(shape[0]))
@@ -122,6 +126,8 @@ def assemble(
 ) -> np.ndarray:
     """The HF tensor of ``shape`` filled from its ``sources`` (``param(path)`` gives one of our
     parameters as a host array): the exact inverse of :func:`read_region`."""
+    import numpy as np
+
     transpose = pmap[sources[0][0]].transpose
     ours = tuple(reversed(shape)) if transpose else shape
     out: np.ndarray | None = None
