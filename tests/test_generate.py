@@ -19,7 +19,7 @@ def checkpoint(tmp_path_factory):
 
     directory = tmp_path_factory.mktemp("gen") / "ckpt"
     cfg = dataclasses.replace(
-        tiny_config(steps=4, batch_size=4, devices=1), checkpoint_dir=str(directory), eval_every=0
+        tiny_config(steps=3, batch_size=4, devices=1), checkpoint_dir=str(directory), eval_every=0
     )
     train(cfg, progress=False, log=lambda _: None)
     return str(directory)
