@@ -12,6 +12,7 @@ Weights stored in fp16/bf16 are cast to the parameters' fp32.
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import jax
@@ -39,7 +40,6 @@ def resolve_names(
 ) -> ParamMap:
     """The map with each HF name as the file spells it: files saved from the base model (e.g.
     ``GPT2Model``) lack the head model's ``prefix``."""
-    import dataclasses
 
     def present(name: str) -> str | None:
         for candidate in (name, name.removeprefix(prefix)):
@@ -83,8 +83,6 @@ def load_params(run: Any, directory: str | None = None) -> nnx.State:
     directory = directory or run.cfg.init_from_hf
     config = hf.read_config(directory)
     family = hf.family(config.get("model_type"))
-    import dataclasses
-
     arch = dataclasses.asdict(run.model)
     tensors = read_tensors(directory)
     pmap = family.param_map(arch, tied=family.tied(config))
