@@ -19,7 +19,7 @@ import jax
 import numpy as np
 from flax import nnx
 
-from colossal_jax import hf
+from colossal_jax import rules
 from colossal_jax.config import ConfigError
 from colossal_jax.hf.mapping import ParamMap, read_region, source_shape
 from colossal_jax.hf.tensors import read_tensors
@@ -81,8 +81,7 @@ def load_params(run: Any, directory: str | None = None) -> nnx.State:
     """The parameters of ``run`` (a :class:`colossal_jax.train.Run`) from the Hugging Face
     directory ``directory`` (default ``run.cfg.init_from_hf``), in ``run.param_shardings``."""
     directory = directory or run.cfg.init_from_hf
-    config = hf.read_config(directory)
-    family = hf.family(config.get("model_type"))
+    family, config = rules.check_hf_directory(directory, run.cfg.model)
     arch = dataclasses.asdict(run.model)
     tensors = read_tensors(directory)
     pmap = family.param_map(arch, tied=family.tied(config))
