@@ -66,6 +66,7 @@ EXAMPLES = {  # a valid value for each flag whose default does not show one
     "--num-processes": "2",
     "--process-id": "0",
     "--peer-timeout": "120",
+    "--init-from-hf": "/path/to/gpt2_save_pretrained_dir",
 }
 
 
@@ -241,6 +242,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     a("--metrics-file", default=None, help="JSON lines, one record per step")
     a("--tensorboard-dir", default=None, help="write TensorBoard event files here")
+    a(
+        "--init-from-hf",
+        default=None,
+        metavar="DIR",
+        help="initialise the parameters from a Hugging Face save_pretrained directory (GPT-2); "
+        "its config.json sets the architecture (docs/huggingface.md)",
+    )
     a("--checkpoint-dir", default=None, help="save here; re-run the same command to resume")
     a(
         "--checkpoint-every",
@@ -483,6 +491,7 @@ def config_from_args(args, n_devices: int) -> TrainConfig:
         tensorboard_dir=args.tensorboard_dir,
         eval_every=args.eval_every,
         peak_tflops=args.peak_tflops,
+        init_from_hf=args.init_from_hf,
         optim=optim,
         parallel=parallel,
     )

@@ -220,8 +220,14 @@ def to_device(tree: Any, device_shardings: Any, shardings: Any) -> Any:
 
 
 def init_state(run: Run) -> tuple[Any, Any]:
-    """Parameters and optimizer state, created directly in their shardings."""
+    """Parameters and optimizer state, created directly in their shardings (with
+    ``init_from_hf``: the parameters read from that Hugging Face directory into them)."""
     model_cfg, seed = run.model, run.cfg.seed
+    if run.cfg.init_from_hf is not None:
+        from colossal_jax.hf.load import load_params
+
+        params = load_params(run)
+        return params, jax.jit(run.tx.init, out_shardings=run.opt_shardings)(params)
 
     def init():
         params = nnx.state(GPT(model_cfg, rngs=nnx.Rngs(seed)))
@@ -545,6 +551,8 @@ def train(
             f"{cfg.optim.name} lr={cfg.optim.lr} precision={cfg.precision}"
         )
 
+        if cfg.init_from_hf is not None:
+            log(f"init: the weights of {cfg.init_from_hf} (a checkpoint to resume wins)")
         if cfg.parallel.zero >= 1 and (rest := replicated_leftovers(run)):
             log(
                 f"ZeRO-{cfg.parallel.zero}: {len(rest)} parameter(s) have no dimension divisible "
