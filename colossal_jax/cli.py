@@ -616,7 +616,12 @@ def run() -> None:
     :func:`main`, then exit with its status. (``main`` alone, as tests call it, leaves the
     handlers of the calling program alone.)"""
     signals.install()
-    sys.exit(main())
+    code = main()
+    # Python's finalisation resets its own signal handlers to the default action before JAX's
+    # and orbax's teardown ends, so a Ctrl-C there would kill the finished process by signal;
+    # the run is over and its status decided, so ignore the two signals from here on
+    signals.ignore()
+    sys.exit(code)
 
 
 if __name__ == "__main__":
