@@ -577,7 +577,7 @@ def check_run(cfg: TrainConfig, model: Any) -> None:
             f"--batch-size {n * max(1, round(cfg.batch_size / n))} or a smaller --grad-accum"
         )
     if par.seq > 1:
-        check_seq_split(cfg.seq_len, par.seq, zigzag=par.seq_mode == "ring")
+        check_seq_split(cfg.seq_len, par.seq, zigzag=uses_zigzag(par, model))
     if par.pipelined:
         _check_pipeline_split(cfg, model, split)
     tensor = split_of(par)
@@ -648,6 +648,22 @@ def check_device_batch(cfg: TrainConfig) -> None:
             f"{cfg.batch_size} over {where} is {per // d} microbatches of {d} sequences per "
             f"shard; omit --grad-accum (--device-batch derives it) or use --grad-accum {per // d}"
         )
+
+
+def is_causal(model: Any) -> bool:
+    """Whether ``model``'s attention is causal: a model config declares ``causal = False``
+    (a field or property) for bidirectional attention (BERT, ViT); GPT-style configs, which
+    declare nothing, are causal."""
+    return bool(getattr(model, "causal", True))
+
+
+def uses_zigzag(par: ParallelConfig, model: Any) -> bool:
+    """Ring attention reorders the sequence in zigzag order (:mod:`colossal_jax.sequence.zigzag`)
+    only for a causal model: zigzag balances the work the *causal* mask leaves per device.
+    Without the mask every device already does the same ``p`` blocks, so a bidirectional model
+    keeps the contiguous order (the plain ring), which needs ``seq_len`` divisible by ``seq``
+    only, not ``2·seq``."""
+    return par.seq_mode == "ring" and par.seq > 1 and is_causal(model)
 
 
 def check_seq_split(seq_len: int, seq: int, *, zigzag: bool) -> None:

@@ -73,7 +73,11 @@ class Embed(nnx.Module):
 
 class SelfAttention(nnx.Module):
     """Multi-head self-attention; the attention kernel comes from the sequence mode. With
-    ``rope_theta`` queries and keys are rotated by their positions (RoPE) inside the kernel."""
+    ``rope_theta`` queries and keys are rotated by their positions (RoPE) inside the kernel.
+
+    ``causal`` (the model's choice: GPT causal, BERT/ViT not) is passed to every kernel. Padding
+    needs no flag: tokens with a negative position are never attended to (see
+    :mod:`colossal_jax.tensor.layout`)."""
 
     def __init__(
         self,
@@ -83,9 +87,11 @@ class SelfAttention(nnx.Module):
         rngs: nnx.Rngs,
         out_std: float = 0.02,
         rope_theta: float | None = None,
+        causal: bool = True,
     ):
         self.heads = heads
         self.rope_theta = rope_theta
+        self.causal = causal
         self.query = Dense(hidden, hidden, kind="in", rngs=rngs)
         self.key = Dense(hidden, hidden, kind="in", rngs=rngs)
         self.value = Dense(hidden, hidden, kind="in", rngs=rngs)
@@ -107,6 +113,7 @@ class SelfAttention(nnx.Module):
             positions,
             heads=self.heads,
             local_attention=local,
+            causal=self.causal,
         )
         return self.out(o)
 

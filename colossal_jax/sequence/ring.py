@@ -9,7 +9,9 @@ value and key-position blocks travel one hop per step (``ppermute`` ``j -> j + 1
 ``t`` device ``i`` holds the block of device ``(i - t) mod p``. Scores are computed one
 ``[s/p, s/p]`` block at a time and folded into running ``(m, l, o)`` in float32; the ``[s, s]``
 matrix is never built. Masking is by token positions (``k_pos <= q_pos``), never by index, so a
-permuted (zigzag, :mod:`colossal_jax.sequence.zigzag`) sequence order works unchanged.
+permuted (zigzag, :mod:`colossal_jax.sequence.zigzag`) sequence order works unchanged; keys of
+padding tokens (negative positions) are masked for every query, causal or not, and travel the
+ring with their positions like every other key.
 
 Backward is a ``jax.custom_vjp`` (plain autodiff through the ring would save every rotated block):
 residuals are ``q, k, v, positions, out, lse``; with ``D = rowsum(dO * O)``, per block
@@ -33,6 +35,7 @@ import functools
 import jax
 import jax.numpy as jnp
 
+from colossal_jax.sequence.local import visible
 from colossal_jax.tensor.layout import in_per_stage_branches
 
 
@@ -52,7 +55,7 @@ def ring_attention(
       q, k, v: this device's blocks ``[b, s_local, a, d]``.
       q_pos, k_pos: integer global token positions ``[b, s_local]``.
       axis_name: the sequence-parallel mesh axis (the only axis communicated over).
-      causal: mask keys with ``k_pos > q_pos``.
+      causal: mask keys with ``k_pos > q_pos`` (keys with ``k_pos < 0``, padding, always).
 
     Returns:
       ``[b, s_local, a, d]`` in ``q``'s dtype, equal to softmax attention over the full sequence.
@@ -84,18 +87,16 @@ def _shift_by_all_to_all(x: jax.Array, axis_name: str, p: int) -> jax.Array:
 
 
 def _scores(q, k, q_pos, k_pos, causal: bool, scale: float):
-    """Masked float32 score block ``[b, a, sq, sk]`` and its visibility mask (or ``None``)."""
+    """Masked float32 score block ``[b, a, sq, sk]``: padding keys (negative positions) always,
+    later keys too when ``causal`` (:func:`colossal_jax.sequence.local.visible`)."""
     s = jnp.einsum("bqad,bkad->baqk", q, k, preferred_element_type=jnp.float32) * scale
-    if not causal:
-        return s, None
-    visible = k_pos[:, None, None, :] <= q_pos[:, None, :, None]
-    return jnp.where(visible, s, -jnp.inf), visible
+    return jnp.where(visible(q_pos, k_pos, causal), s, -jnp.inf)
 
 
 def _fwd_block(carry, q, k, v, q_pos, k_pos, causal, scale):
     """One online-softmax update of ``(m, l, o)`` with a key/value block."""
     m, den, o = carry  # running max, softmax denominator l, unnormalised output
-    s, _ = _scores(q, k, q_pos, k_pos, causal, scale)
+    s = _scores(q, k, q_pos, k_pos, causal, scale)
     m_new = jnp.maximum(m, jnp.max(s, axis=-1))
     m_safe = jnp.where(jnp.isneginf(m_new), 0.0, m_new)  # fully masked so far: keep finite
     pr = jnp.exp(s - m_safe[..., None])  # masked entries -> exp(-inf) = 0
@@ -145,7 +146,7 @@ def _ring_fwd(axis_name, causal, q, k, v, q_pos, k_pos):
 
 def _bwd_block(q, k, v, q_pos, k_pos, do, delta, lse, causal, scale):
     """Gradient contributions ``(dq, dk, dv)`` (float32) of one key/value block."""
-    s, _ = _scores(q, k, q_pos, k_pos, causal, scale)
+    s = _scores(q, k, q_pos, k_pos, causal, scale)
     pr = jnp.exp(s - lse[..., None])  # [b, a, q, k]; masked -> 0
     dv = jnp.einsum("baqk,bqad->bkad", pr, do, preferred_element_type=jnp.float32)
     dp = jnp.einsum("bqad,bkad->baqk", do, v, preferred_element_type=jnp.float32)

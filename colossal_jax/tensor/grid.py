@@ -140,7 +140,17 @@ class GridLayout(TensorLayout):
             self.residual_spec(),
         )(tokens, table)
 
-    def attention(self, q, k, v, positions, *, heads: int, local_attention: LocalAttention):
+    def attention(
+        self,
+        q,
+        k,
+        v,
+        positions,
+        *,
+        heads: int,
+        local_attention: LocalAttention,
+        causal: bool = True,
+    ):
         return attention_in_shard_map(
             self,
             q,
@@ -150,6 +160,7 @@ class GridLayout(TensorLayout):
             heads=heads,
             head_split=self.axis_size(self.wide_axes()),
             local_attention=local_attention,
+            causal=causal,
         )
 
     def cross_entropy(self, logits, targets, weights):

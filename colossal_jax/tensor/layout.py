@@ -19,6 +19,17 @@ Shapes (global):
 - tokens, targets, positions, loss weights: ``[b, s]`` in :meth:`TensorLayout.token_spec`
   (batch split like the residual stream's batch, replicated over the hidden-splitting axes).
 
+Attention masks are chosen by the model and need no extra array:
+
+- ``causal`` (a Python bool of :meth:`TensorLayout.attention`, passed to every attention kernel)
+  masks keys at later positions (``k_pos > q_pos``);
+- **padding** is a *negative position*: every kernel masks keys with ``k_pos < 0`` for every
+  query, causal or not. Positions already travel with K/V (around the ring, through the Ulysses
+  all-gather, into pipeline stages), so the mask does too. Consumers of positions other than the
+  mask clamp them to ``>= 0`` (RoPE rotates padding as position 0; a learned position table
+  looks up row 0). A padding query attends to no key under the causal mask and outputs zeros;
+  padding tokens should carry loss weight 0.
+
 Kernel modules import nothing from the rest of the package but :mod:`colossal_jax.rules`, whose
 functions they call where a kernel needs a configuration rule.
 """
@@ -45,11 +56,13 @@ LinearKind = Literal["in", "out"]
 
 AxisNames = tuple[str, ...]
 
-LocalAttention = Callable[[jax.Array, jax.Array, jax.Array, jax.Array, jax.Array], jax.Array]
-"""``f(q, k, v, q_pos, k_pos) -> out``, run *inside* a ``shard_map``: per-device blocks
-``q, k, v: [b, s_local, heads_local, head_dim]`` and integer positions ``[b, s_local]``; returns
-``[b, s_local, heads_local, head_dim]``. It may use collectives over the sequence axis (ring
-attention, Ulysses), so the layout's ``shard_map`` must include that axis."""
+LocalAttention = Callable[..., jax.Array]
+"""``f(q, k, v, q_pos, k_pos, *, causal: bool) -> out``, run *inside* a ``shard_map``: per-device
+blocks ``q, k, v: [b, s_local, heads_local, head_dim]`` and integer positions ``[b, s_local]``
+(negative: padding, masked as a key for every query); returns
+``[b, s_local, heads_local, head_dim]``. ``causal`` masks keys with ``k_pos > q_pos``. It may use
+collectives over the sequence axis (ring attention, Ulysses), so the layout's ``shard_map`` must
+include that axis."""
 
 
 @dataclass(frozen=True)
@@ -254,12 +267,14 @@ class TensorLayout(abc.ABC):
         *,
         heads: int,
         local_attention: LocalAttention,
+        causal: bool = True,
     ) -> jax.Array:
         """Multi-head attention on wide-layout ``q, k, v: [b, s, heads*head_dim]``.
 
         Splits the last dimension into ``heads`` heads *locally* (each device's hidden slice holds
-        whole heads), calls ``local_attention`` inside one ``shard_map`` that also covers the
-        sequence axis, and returns the wide-layout ``[b, s, heads*head_dim]`` result.
+        whole heads), calls ``local_attention(..., causal=causal)`` inside one ``shard_map`` that
+        also covers the sequence axis, and returns the wide-layout ``[b, s, heads*head_dim]``
+        result. Keys at negative positions (padding) are masked for every query.
         """
 
     @abc.abstractmethod
@@ -280,6 +295,7 @@ def attention_in_shard_map(
     heads: int,
     head_split: int,
     local_attention: LocalAttention,
+    causal: bool = True,
 ) -> jax.Array:
     """Shared body of :meth:`TensorLayout.attention`: the wide spec splits the hidden dimension
     ``head_split`` ways, so each device holds ``heads // head_split`` whole heads."""
@@ -291,7 +307,9 @@ def attention_in_shard_map(
     def body(q, k, v, pos):
         b, s, hd = q.shape
         shape = (b, s, local_heads, hd // local_heads)
-        out = local_attention(q.reshape(shape), k.reshape(shape), v.reshape(shape), pos, pos)
+        out = local_attention(
+            q.reshape(shape), k.reshape(shape), v.reshape(shape), pos, pos, causal=causal
+        )
         return out.reshape(b, s, hd)
 
     return sharded(body, layout.mesh, (wide, wide, wide, tokens), wide)(q, k, v, positions)

@@ -65,9 +65,27 @@ class ReplicatedLayout(TensorLayout):
     def embed(self, tokens, table):
         return jnp.take(table, tokens, axis=0)
 
-    def attention(self, q, k, v, positions, *, heads: int, local_attention: LocalAttention):
+    def attention(
+        self,
+        q,
+        k,
+        v,
+        positions,
+        *,
+        heads: int,
+        local_attention: LocalAttention,
+        causal: bool = True,
+    ):
         return attention_in_shard_map(
-            self, q, k, v, positions, heads=heads, head_split=1, local_attention=local_attention
+            self,
+            q,
+            k,
+            v,
+            positions,
+            heads=heads,
+            head_split=1,
+            local_attention=local_attention,
+            causal=causal,
         )
 
     def cross_entropy(self, logits, targets, weights):
