@@ -1,4 +1,4 @@
-"""The only layers models use: Dense, LayerNorm, Embed, SelfAttention, MLP.
+"""The only layers models use: Dense, LayerNorm, RMSNorm, Embed, SelfAttention, MLP, SwiGLU.
 
 Each parameter is created with a ``role`` that the sharding rules map to the active layout's
 PartitionSpec, and each call is routed to the active layout's kernel. ``kind="in"`` linears go
@@ -57,6 +57,18 @@ class LayerNorm(nnx.Module):
 
     def __call__(self, x: jax.Array) -> jax.Array:
         return active().layout.layer_norm(x, self.scale[...], self.bias[...], self.eps)
+
+
+class RMSNorm(nnx.Module):
+    """RMSNorm (Zhang & Sennrich 2019): ``x / rms(x) · scale`` over the hidden dimension (split or
+    not, as the layout has it); no mean, no bias."""
+
+    def __init__(self, features: int, *, eps: float = 1e-6):
+        self.eps = eps
+        self.scale = nnx.Param(jnp.ones((features,), jnp.float32), role="norm")
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        return active().layout.rms_norm(x, self.scale[...], self.eps)
 
 
 class Embed(nnx.Module):
@@ -127,6 +139,34 @@ class MLP(nnx.Module):
 
     def __call__(self, x: jax.Array) -> jax.Array:
         return self.down(jax.nn.gelu(self.up(x), approximate=True))
+
+
+class SwiGLU(nnx.Module):
+    """Gated MLP (Shazeer 2020, arXiv 2002.05202): ``down(silu(x @ W_gate) · (x @ W_up))``.
+
+    The two up-projections read the same ``x`` and run in one layout call (like Q/K/V), so the
+    layout gathers ``x`` once and reduces its gradient once; gate and up come out in the same
+    wide layout, so the gating product is elementwise on each device's block.
+    """
+
+    def __init__(
+        self,
+        hidden: int,
+        width: int,
+        *,
+        rngs: nnx.Rngs,
+        out_std: float = 0.02,
+        use_bias: bool = False,
+    ):
+        self.gate = Dense(hidden, width, kind="in", rngs=rngs, use_bias=use_bias)
+        self.up = Dense(hidden, width, kind="in", rngs=rngs, use_bias=use_bias)
+        self.down = Dense(width, hidden, kind="out", rngs=rngs, init_std=out_std, use_bias=use_bias)
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        dense = (self.gate, self.up)
+        biases = None if self.gate.bias is None else [d.bias[...] for d in dense]
+        g, u = active().layout.linears(x, [d.kernel[...] for d in dense], biases, "in")
+        return self.down(jax.nn.silu(g) * u)
 
 
 def token_loss_sums(

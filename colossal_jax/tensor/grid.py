@@ -1,11 +1,11 @@
 """What every tensor-split layout shares: kernels that follow from its specs alone.
 
-Given a layout's residual, wide, token and embedding specs, the layer norm, the embedding, the
-attention head split and the vocab-parallel cross-entropy are the same algorithm in 1D, 2D,
-2.5D and 3D — only the axes differ, and those are read off the specs:
+Given a layout's residual, wide, token and embedding specs, the layer norm and RMSNorm, the
+embedding, the attention head split and the vocab-parallel cross-entropy are the same algorithm
+in 1D, 2D, 2.5D and 3D — only the axes differ, and those are read off the specs:
 
 - the axes splitting the residual's hidden dimension: LayerNorm all-reduces its statistics
-  over them (``2·rows`` elements per direction);
+  over them (``2·rows`` elements per direction), RMSNorm its one statistic Σx² (``rows``);
 - the axes splitting the wide dimension: attention heads and the vocabulary (LM head logits)
   are split over them;
 - the axes splitting the embedding table's rows: the vocabulary of the lookup. Where they also
@@ -34,6 +34,7 @@ from jax.sharding import PartitionSpec as P
 from colossal_jax.tensor.kernels import (
     reduce_loss,
     split_layer_norm,
+    split_rms_norm,
     varying,
     vocab_parallel_embed,
 )
@@ -117,6 +118,16 @@ class GridLayout(TensorLayout):
             (spec, self.norm_spec(), self.norm_spec()),
             spec,
         )(x, scale, bias)
+
+    def rms_norm(self, x, scale, eps: float):
+        spec = self.residual_spec()
+        hidden = self.hidden_axes()
+        return sharded(
+            lambda x, s: split_rms_norm(x, s, eps, hidden_axes=hidden),
+            self.mesh,
+            (spec, self.norm_spec()),
+            spec,
+        )(x, scale)
 
     def embed(self, tokens, table):
         vocab = axes_of(self.embedding_spec()[0])

@@ -14,8 +14,8 @@ Shapes (global):
   :meth:`TensorLayout.wide_spec`; the input of an ``"out"`` linear is in the same spec.
 - weights ``[n, k]`` in :meth:`TensorLayout.weight_spec` (``kind`` ``"in"``: ``n = h``;
   ``"out"``: ``k = h``), biases ``[k]`` in :meth:`TensorLayout.bias_spec`.
-- layer-norm scale/bias ``[h]`` in :meth:`TensorLayout.norm_spec`; embedding table ``[V, h]``
-  in :meth:`TensorLayout.embedding_spec`.
+- layer-norm and RMSNorm scale/bias ``[h]`` in :meth:`TensorLayout.norm_spec`; embedding table
+  ``[V, h]`` in :meth:`TensorLayout.embedding_spec`.
 - tokens, targets, positions, loss weights: ``[b, s]`` in :meth:`TensorLayout.token_spec`
   (batch split like the residual stream's batch, replicated over the hidden-splitting axes).
 
@@ -252,6 +252,11 @@ class TensorLayout(abc.ABC):
     @abc.abstractmethod
     def layer_norm(self, x: jax.Array, scale: jax.Array, bias: jax.Array, eps: float) -> jax.Array:
         """LayerNorm over the (possibly split) hidden dimension of a residual-layout ``x``."""
+
+    @abc.abstractmethod
+    def rms_norm(self, x: jax.Array, scale: jax.Array, eps: float) -> jax.Array:
+        """RMSNorm over the (possibly split) hidden dimension of a residual-layout ``x``; ``scale``
+        in :meth:`norm_spec`."""
 
     @abc.abstractmethod
     def embed(self, tokens: jax.Array, table: jax.Array) -> jax.Array:

@@ -15,6 +15,7 @@ import jax
 import jax.numpy as jnp
 from jax.sharding import PartitionSpec as P
 
+from colossal_jax.tensor.kernels import split_rms_norm
 from colossal_jax.tensor.layout import (
     LinearKind,
     LocalAttention,
@@ -61,6 +62,9 @@ class ReplicatedLayout(TensorLayout):
         var = jnp.mean(jnp.square(xf - mean), axis=-1, keepdims=True)
         y = (xf - mean) * jax.lax.rsqrt(var + eps)
         return (y * scale + bias).astype(x.dtype)
+
+    def rms_norm(self, x, scale, eps: float):
+        return split_rms_norm(x, scale, eps, hidden_axes=())
 
     def embed(self, tokens, table):
         return jnp.take(table, tokens, axis=0)
