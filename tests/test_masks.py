@@ -1,5 +1,6 @@
 """Attention masks chosen by the model: ``causal`` on or off, and padding (negative positions)
-masked as keys in every kernel, against a plain single-device softmax with an explicit mask."""
+masked as keys in every kernel, against a plain single-device softmax with an explicit mask; the
+sequence kernels run grouped-query attention (2 key/value heads for 4 query heads) at once."""
 
 from __future__ import annotations
 
@@ -22,7 +23,7 @@ from colossal_jax.sequence.zigzag import zigzag_permutation
 from tests.test_sequence_kernels import _sharded
 
 TOL = dict(rtol=1e-5, atol=1e-5)
-B, S, A, D = 3, 16, 4, 8
+B, S, A, D, KV = 3, 16, 4, 8, 2
 
 
 def padded_positions(s: int = S) -> jnp.ndarray:
@@ -45,16 +46,18 @@ def plain_attention(q, k, v, pos, causal: bool):
     return jnp.where(any_key, out, 0.0)
 
 
-def _inputs(seed=0):
+def _inputs(seed=0, kv=A):
     keys = jax.random.split(jax.random.key(seed), 4)
-    q, k, v, ct = (jax.random.normal(key, (B, S, A, D), jnp.float32) for key in keys)
+    q, ct = (jax.random.normal(key, (B, S, A, D), jnp.float32) for key in keys[:2])
+    k, v = (jax.random.normal(key, (B, S, kv, D), jnp.float32) for key in keys[2:])
     return q, k, v, ct
 
 
-def _compare(fn, causal: bool, order=None):
-    """``fn(q, k, v, pos, pos)`` (on tokens permuted by ``order``) equals the plain masked
-    attention, forward and gradients; padding rows get finite (zero) gradients."""
-    q, k, v, ct = _inputs()
+def _compare(fn, causal: bool, order=None, kv=A):
+    """``fn(q, k, v, pos, pos)`` (on tokens permuted by ``order``; ``kv`` key/value heads)
+    equals the plain masked attention on key/value heads repeated to ``A``, forward and
+    gradients; padding keys get exactly zero gradient."""
+    q, k, v, ct = _inputs(kv=kv)
     pos = padded_positions()
     order = np.arange(S) if order is None else order
     inv = np.argsort(order)
@@ -64,6 +67,7 @@ def _compare(fn, causal: bool, order=None):
         return out[:, inv]
 
     def want(q, k, v):
+        k, v = jnp.repeat(k, A // kv, axis=2), jnp.repeat(v, A // kv, axis=2)
         return plain_attention(q, k, v, pos, causal)
 
     np.testing.assert_allclose(jax.jit(got)(q, k, v), want(q, k, v), **TOL)
@@ -82,7 +86,7 @@ def _compare(fn, causal: bool, order=None):
 
 @pytest.mark.parametrize("causal", [True, False])
 def test_local_attention_masks_padding(causal):
-    _compare(functools.partial(dot_product_attention, causal=causal), causal)
+    _compare(functools.partial(dot_product_attention, causal=causal), causal, kv=KV)
 
 
 P_SEQ = 4
@@ -98,9 +102,11 @@ P_SEQ = 4
     ],
     ids=["ring-zigzag-causal", "ring-bidirectional", "ulysses-causal", "rsa-bidirectional"],
 )
-def test_sequence_kernels_mask_padding(kernel, causal, zigzag):
+def test_sequence_kernels_mask_padding_with_gqa(kernel, causal, zigzag):
+    """2 key/value heads for 4 query heads; Ulysses at p=4 repeats them to 4 before its
+    all-to-all."""
     order = zigzag_permutation(S, P_SEQ) if zigzag else None
-    _compare(_sharded(kernel, P_SEQ, causal), causal, order)
+    _compare(_sharded(kernel, P_SEQ, causal), causal, order, kv=KV)
 
 
 def test_fused_call_with_trailing_padding_matches_reference():

@@ -89,7 +89,10 @@ class SelfAttention(nnx.Module):
 
     ``causal`` (the model's choice: GPT causal, BERT/ViT not) is passed to every kernel. Padding
     needs no flag: tokens with a negative position are never attended to (see
-    :mod:`colossal_jax.tensor.layout`)."""
+    :mod:`colossal_jax.tensor.layout`). ``kv_heads`` (dividing ``heads``; default ``heads``)
+    makes it grouped-query attention (Ainslie et al. 2023): the key and value projections are
+    ``kv_heads·head_dim`` wide and each serves ``heads/kv_heads`` query heads. ``use_bias=False``
+    drops the four projections' biases (LLaMA)."""
 
     def __init__(
         self,
@@ -100,14 +103,24 @@ class SelfAttention(nnx.Module):
         out_std: float = 0.02,
         rope_theta: float | None = None,
         causal: bool = True,
+        kv_heads: int | None = None,
+        use_bias: bool = True,
     ):
+        kv_heads = heads if kv_heads is None else kv_heads
+        if hidden % heads or heads % kv_heads:
+            raise ValueError(
+                f"SelfAttention needs heads={heads} dividing hidden={hidden} and kv_heads="
+                f"{kv_heads} dividing heads"
+            )
         self.heads = heads
+        self.kv_heads = kv_heads
         self.rope_theta = rope_theta
         self.causal = causal
-        self.query = Dense(hidden, hidden, kind="in", rngs=rngs)
-        self.key = Dense(hidden, hidden, kind="in", rngs=rngs)
-        self.value = Dense(hidden, hidden, kind="in", rngs=rngs)
-        self.out = Dense(hidden, hidden, kind="out", rngs=rngs, init_std=out_std)
+        kv_width = kv_heads * (hidden // heads)
+        self.query = Dense(hidden, hidden, kind="in", rngs=rngs, use_bias=use_bias)
+        self.key = Dense(hidden, kv_width, kind="in", rngs=rngs, use_bias=use_bias)
+        self.value = Dense(hidden, kv_width, kind="in", rngs=rngs, use_bias=use_bias)
+        self.out = Dense(hidden, hidden, kind="out", rngs=rngs, init_std=out_std, use_bias=use_bias)
 
     def __call__(self, x: jax.Array, positions: jax.Array) -> jax.Array:
         par = active()
@@ -126,6 +139,7 @@ class SelfAttention(nnx.Module):
             heads=self.heads,
             local_attention=local,
             causal=self.causal,
+            kv_heads=self.kv_heads,
         )
         return self.out(o)
 

@@ -12,6 +12,8 @@ System Perspective", arXiv 2105.13120. Each of the ``p`` devices on ``axis_name`
 - **RingAV**: the value block is passed ``p - 1`` times around the ring in the same order; each
   step accumulates ``probs[:, :, :, block] @ v_block``.
 
+Keys and values may have fewer heads than queries (grouped-query attention; only those travel).
+
 Gradients come from plain autodiff (the paper's baseline; no custom backward), which transposes
 each ``ppermute`` into the reverse ring.
 
@@ -28,7 +30,12 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from colossal_jax.sequence.local import masked_softmax, visible
+from colossal_jax.sequence.local import (
+    grouped_scores,
+    grouped_values,
+    masked_softmax,
+    visible,
+)
 from colossal_jax.sequence.ring import ring_shift
 
 
@@ -62,7 +69,7 @@ def ring_self_attention(
     for t in range(p):
         if t > 0:
             k_t, kp_t = ring_shift((k_t, kp_t), axis_name, p)
-        s = jnp.einsum("bqad,bkad->baqk", q, k_t, preferred_element_type=jnp.float32) * scale
+        s = grouped_scores(q, k_t) * scale
         blocks.append(s)
         keeps.append(visible(q_pos, kp_t, causal))
     scores = jnp.concatenate(blocks, axis=-1)  # [b, a, s_local, s], key blocks in ring order
@@ -77,6 +84,6 @@ def ring_self_attention(
         if t > 0:
             v_t = ring_shift(v_t, axis_name, p)
         pr = probs[..., t * s_loc : (t + 1) * s_loc].astype(v.dtype)
-        part = jnp.einsum("baqk,bkad->bqad", pr, v_t, preferred_element_type=jnp.float32)
+        part = grouped_values(pr, v_t)
         out = part if out is None else out + part
     return out.astype(q.dtype)

@@ -161,6 +161,7 @@ class GridLayout(TensorLayout):
         heads: int,
         local_attention: LocalAttention,
         causal: bool = True,
+        kv_heads: int | None = None,
     ):
         return attention_in_shard_map(
             self,
@@ -172,6 +173,7 @@ class GridLayout(TensorLayout):
             head_split=self.axis_size(self.wide_axes()),
             local_attention=local_attention,
             causal=causal,
+            kv_heads=kv_heads,
         )
 
     def cross_entropy(self, logits, targets, weights):

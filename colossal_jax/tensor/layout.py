@@ -58,8 +58,10 @@ AxisNames = tuple[str, ...]
 
 LocalAttention = Callable[..., jax.Array]
 """``f(q, k, v, q_pos, k_pos, *, causal: bool) -> out``, run *inside* a ``shard_map``: per-device
-blocks ``q, k, v: [b, s_local, heads_local, head_dim]`` and integer positions ``[b, s_local]``
-(negative: padding, masked as a key for every query); returns
+blocks ``q: [b, s_local, heads_local, head_dim]``, ``k, v: [b, s_local, kv_heads_local,
+head_dim]`` (``kv_heads_local`` dividing ``heads_local``: grouped-query attention, query head
+``i`` reads key/value head ``i // (heads_local / kv_heads_local)``) and integer positions
+``[b, s_local]`` (negative: padding, masked as a key for every query); returns
 ``[b, s_local, heads_local, head_dim]``. ``causal`` masks keys with ``k_pos > q_pos``. It may use
 collectives over the sequence axis (ring attention, Ulysses), so the layout's ``shard_map`` must
 include that axis."""
@@ -203,9 +205,15 @@ class TensorLayout(abc.ABC):
         sizes = (self.mesh.shape.get(a, 1) for a in rules.TENSOR_AXES)
         return rules.tensor_split(self.mode, *sizes)
 
-    def validate(self, *, hidden: int, mlp: int, heads: int, vocab: int) -> None:
+    def validate(
+        self, *, hidden: int, mlp: int, heads: int, vocab: int, kv_heads: int | None = None
+    ) -> None:
         """Raise ``ValueError`` if the model dimensions do not fit this layout's grid."""
-        rules.check_split(self.tensor_split(), hidden=hidden, mlp=mlp, heads=heads, vocab=vocab)
+        split = self.tensor_split()
+        rules.check_split(split, hidden=hidden, mlp=mlp, heads=heads, vocab=vocab)
+        if kv_heads is not None:
+            depth = self.mesh.shape.get("tensor_depth", 1)
+            rules.check_kv_heads(self.mode, heads, kv_heads, split.divisor("heads"), depth)
 
     # ---- specs -------------------------------------------------------------------------------
     @abc.abstractmethod
@@ -273,13 +281,17 @@ class TensorLayout(abc.ABC):
         heads: int,
         local_attention: LocalAttention,
         causal: bool = True,
+        kv_heads: int | None = None,
     ) -> jax.Array:
-        """Multi-head attention on wide-layout ``q, k, v: [b, s, heads*head_dim]``.
+        """Multi-head attention on wide-layout ``q: [b, s, heads*head_dim]`` and
+        ``k, v: [b, s, kv_heads*head_dim]`` (``kv_heads`` dividing ``heads``: grouped-query
+        attention; ``None``: ``heads``).
 
-        Splits the last dimension into ``heads`` heads *locally* (each device's hidden slice holds
-        whole heads), calls ``local_attention(..., causal=causal)`` inside one ``shard_map`` that
-        also covers the sequence axis, and returns the wide-layout ``[b, s, heads*head_dim]``
-        result. Keys at negative positions (padding) are masked for every query.
+        Splits the last dimensions into heads *locally* (each device's wide slice holds whole
+        query and whole key/value heads, :func:`colossal_jax.rules.check_kv_heads`), calls
+        ``local_attention(..., causal=causal)`` inside one ``shard_map`` that also covers the
+        sequence axis, and returns the wide-layout ``[b, s, heads*head_dim]`` result. Keys at
+        negative positions (padding) are masked for every query.
         """
 
     @abc.abstractmethod
@@ -301,19 +313,30 @@ def attention_in_shard_map(
     head_split: int,
     local_attention: LocalAttention,
     causal: bool = True,
+    kv_heads: int | None = None,
 ) -> jax.Array:
     """Shared body of :meth:`TensorLayout.attention`: the wide spec splits the hidden dimension
-    ``head_split`` ways, so each device holds ``heads // head_split`` whole heads."""
+    ``head_split`` ways, so each device holds ``heads // head_split`` whole query heads and
+    ``kv_heads // head_split`` whole key/value heads."""
     wide = layout.wide_spec()
     tokens = layout.token_spec()
     rules.check_head_split(layout.mode, heads, head_split)
-    local_heads = heads // head_split
+    kv_heads = heads if kv_heads is None else kv_heads
+    depth = layout.mesh.shape.get("tensor_depth", 1)
+    rules.check_kv_heads(layout.mode, heads, kv_heads, head_split, depth)
+    local_heads, local_kv = heads // head_split, kv_heads // head_split
 
     def body(q, k, v, pos):
         b, s, hd = q.shape
-        shape = (b, s, local_heads, hd // local_heads)
+        d = hd // local_heads
+        kv_shape = (b, s, local_kv, d)
         out = local_attention(
-            q.reshape(shape), k.reshape(shape), v.reshape(shape), pos, pos, causal=causal
+            q.reshape(b, s, local_heads, d),
+            k.reshape(kv_shape),
+            v.reshape(kv_shape),
+            pos,
+            pos,
+            causal=causal,
         )
         return out.reshape(b, s, hd)
 

@@ -79,6 +79,7 @@ class ReplicatedLayout(TensorLayout):
         heads: int,
         local_attention: LocalAttention,
         causal: bool = True,
+        kv_heads: int | None = None,
     ):
         return attention_in_shard_map(
             self,
@@ -90,6 +91,7 @@ class ReplicatedLayout(TensorLayout):
             head_split=1,
             local_attention=local_attention,
             causal=causal,
+            kv_heads=kv_heads,
         )
 
     def cross_entropy(self, logits, targets, weights):
