@@ -16,7 +16,7 @@ from flax import nnx
 from jax.sharding import NamedSharding
 
 from colossal_jax.config import ParallelConfig
-from colossal_jax.layers import RMSNorm, SelfAttention, SwiGLU, use_parallelism
+from colossal_jax.layers import Embed, RMSNorm, SelfAttention, SwiGLU, use_parallelism
 from colossal_jax.layers.rope import apply_rope
 from colossal_jax.mesh import build_mesh
 from colossal_jax.sequence.local import dot_product_attention
@@ -25,7 +25,7 @@ from colossal_jax.sharding import make_layout, make_local_attention, tree_shardi
 from colossal_jax.tensor.replicated import ReplicatedLayout
 from tests.test_masks import plain_attention
 
-B, S, H, W, HEADS, KV = 8, 8, 32, 64, 8, 4
+B, S, H, W, HEADS, KV, V = 8, 8, 32, 64, 8, 4, 32
 TOL = dict(rtol=1e-5, atol=1e-5)
 
 MODES = {
@@ -52,13 +52,19 @@ def reference():
     return ReplicatedLayout(build_mesh(ParallelConfig(), jax.devices()[:1])), dot_product_attention
 
 
+def token_ids(positions):
+    return jnp.maximum(positions, 0) * 5 % V
+
+
 class Block(nnx.Module):
     """Every new layer once: RMSNorm, grouped-query attention (RoPE, biases of both widths, the
-    model's mask), SwiGLU. Returns each layer's output."""
+    model's mask), SwiGLU, and an embedding table used twice, as the lookup and as the tied LM
+    head. Returns each layer's output."""
 
     causal = True
 
     def __init__(self, rngs: nnx.Rngs):
+        self.embed = Embed(V, H, rngs=rngs, init_std=0.5)
         self.norm = RMSNorm(H)
         self.attn = SelfAttention(
             H, HEADS, kv_heads=KV, rngs=rngs, rope_theta=10000.0, causal=self.causal
@@ -66,8 +72,10 @@ class Block(nnx.Module):
         self.mlp = SwiGLU(H, W, rngs=rngs)
 
     def __call__(self, x, positions):
-        h = self.norm(x)
-        return h, self.attn(h, positions), self.mlp(h)
+        h = self.norm(x + self.embed(token_ids(positions)))
+        a = self.attn(h, positions)
+        y = self.mlp(h)
+        return h, a, y, self.embed.attend(a + y)
 
 
 class BidirectionalBlock(Block):
@@ -169,9 +177,11 @@ def test_single_device_layers_match_the_formulas():
         with use_parallelism(layout, local):
             return nnx.merge(graphdef, params)(x, positions)
 
-    h, a, y = forward(params, x, positions)
-    rms = np.sqrt(np.mean(np.square(np.asarray(x)), axis=-1, keepdims=True) + block.norm.eps)
-    want_h = np.asarray(x) / rms * np.asarray(block.norm.scale[...])
+    h, a, y, logits = forward(params, x, positions)
+    table = np.asarray(block.embed.table[...])
+    x = np.asarray(x) + table[np.asarray(token_ids(positions))]
+    rms = np.sqrt(np.mean(np.square(x), axis=-1, keepdims=True) + block.norm.eps)
+    want_h = x / rms * np.asarray(block.norm.scale[...])
     np.testing.assert_allclose(h, want_h, **TOL)
     g = want_h @ np.asarray(block.mlp.gate.kernel[...])
     u = want_h @ np.asarray(block.mlp.up.kernel[...])
@@ -190,3 +200,27 @@ def test_single_device_layers_match_the_formulas():
     o = plain_attention(q, k, v, positions, causal=True).reshape(B, S, H)
     want_a = o @ np.asarray(at.out.kernel[...]) + np.asarray(at.out.bias[...])
     np.testing.assert_allclose(a, want_a, **TOL)
+    np.testing.assert_allclose(logits, (want_a + np.asarray(y)) @ table.T, **TOL)
+
+
+@pytest.mark.parametrize("name", ["2d-q2-data2", "2.5d-q2-d2"])
+def test_tied_head_inside_pipeline_branches(name):
+    """Inside a pipeline's per-stage branches the 2D/2.5D tied head avoids the grid transpose's
+    ppermute (gather the table, reduce-scatter the logits); same values and gradients."""
+    from colossal_jax.tensor.layout import per_stage_branches
+    from tests.test_tensor_kernels import B as KB
+    from tests.test_tensor_kernels import H as KH
+    from tests.test_tensor_kernels import S as KS
+    from tests.test_tensor_kernels import _check, _rand
+
+    def fn(lay, x, table):
+        with per_stage_branches():
+            return lay.tied_logits(x, table)
+
+    _check(
+        name,
+        fn,
+        (_rand(30, (KB, KS, KH)), _rand(31, (V, KH))),
+        (lambda lay: lay.residual_spec(), lambda lay: lay.embedding_spec()),
+        lambda lay: lay.wide_spec(),
+    )

@@ -82,6 +82,12 @@ class Embed(nnx.Module):
     def __call__(self, ids: jax.Array) -> jax.Array:
         return active().layout.embed(ids, self.table[...])
 
+    def attend(self, x: jax.Array) -> jax.Array:
+        """``x @ table.T``: logits over the table's rows (a tied LM head), wide layout,
+        vocabulary-parallel where the layout splits it; the table's gradients from the lookup
+        and from here add up."""
+        return active().layout.tied_logits(x, self.table[...])
+
 
 class SelfAttention(nnx.Module):
     """Multi-head self-attention; the attention kernel comes from the sequence mode. With

@@ -72,7 +72,11 @@ class GridLayout(TensorLayout):
 
     def weight_grad_axes(self, kind: LinearKind) -> AxisNames:
         """Axes that split the tokens but not the weight: its gradient is summed over them."""
-        w_axes = {a for entry in self.weight_spec(kind) for a in axes_of(entry)}
+        return self.weight_grad_axes_of(self.weight_spec(kind))
+
+    def weight_grad_axes_of(self, spec: P) -> AxisNames:
+        """Axes that split the tokens but not a parameter of ``spec``."""
+        w_axes = {a for entry in spec for a in axes_of(entry)}
         return tuple(a for a in self.token_axes() if a not in w_axes)
 
     @abc.abstractmethod

@@ -42,6 +42,14 @@ def varying(x: jax.Array, axes: AxisNames) -> jax.Array:
     return jax.lax.pvary(x, todo)  # the same cast under its earlier name
 
 
+def grid_transpose(x: jax.Array, row: str, col: str) -> jax.Array:
+    """On a ``q×q`` grid over ``(row, col)``, device ``(i, j)`` receives the block of device
+    ``(j, i)`` (diagonal devices keep theirs): one ``ppermute`` of the block."""
+    q = jax.lax.axis_size(row)
+    perm = [(i * q + j, j * q + i) for i in range(q) for j in range(q)]
+    return jax.lax.ppermute(x, (row, col), perm)
+
+
 def split_layer_norm(
     x: jax.Array,
     scale: jax.Array,

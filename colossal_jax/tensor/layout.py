@@ -15,7 +15,8 @@ Shapes (global):
 - weights ``[n, k]`` in :meth:`TensorLayout.weight_spec` (``kind`` ``"in"``: ``n = h``;
   ``"out"``: ``k = h``), biases ``[k]`` in :meth:`TensorLayout.bias_spec`.
 - layer-norm and RMSNorm scale/bias ``[h]`` in :meth:`TensorLayout.norm_spec`; embedding table
-  ``[V, h]`` in :meth:`TensorLayout.embedding_spec`.
+  ``[V, h]`` in :meth:`TensorLayout.embedding_spec` (its spec is the lookup's; a tied LM head
+  reads the same table through :meth:`TensorLayout.tied_logits`).
 - tokens, targets, positions, loss weights: ``[b, s]`` in :meth:`TensorLayout.token_spec`
   (batch split like the residual stream's batch, replicated over the hidden-splitting axes).
 
@@ -269,6 +270,14 @@ class TensorLayout(abc.ABC):
     @abc.abstractmethod
     def embed(self, tokens: jax.Array, table: jax.Array) -> jax.Array:
         """``table[tokens]``: token ids ``[b, s]`` -> residual-layout ``[b, s, h]``."""
+
+    @abc.abstractmethod
+    def tied_logits(self, x: jax.Array, table: jax.Array) -> jax.Array:
+        """``x @ table.T``: the LM head that reuses the token-embedding ``table`` (``[V, h]`` in
+        :meth:`embedding_spec`) on a residual-layout ``x``; returns wide-layout logits
+        ``[b, s, V]`` (vocabulary split as an ``"in"`` linear's output, ready for
+        :meth:`cross_entropy`). The table's gradient from this use adds to the lookup's, as
+        both read the one parameter."""
 
     @abc.abstractmethod
     def attention(

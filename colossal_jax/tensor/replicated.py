@@ -69,6 +69,9 @@ class ReplicatedLayout(TensorLayout):
     def embed(self, tokens, table):
         return jnp.take(table, tokens, axis=0)
 
+    def tied_logits(self, x, table):
+        return jnp.einsum("bsh,vh->bsv", x, table)
+
     def attention(
         self,
         q,
