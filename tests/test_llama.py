@@ -1,5 +1,5 @@
-"""LLaMA: the published sizes, its configuration rules, and llama-tiny's loss and gradients on
-a 2D tensor mesh (tied embeddings) and under zigzag ring attention against one device."""
+"""LLaMA: the published sizes, its configuration rules, and llama-tiny's loss and gradients (tied
+embeddings, a padded row) on a 2D tensor grid × zigzag ring attention against one device."""
 
 from __future__ import annotations
 
@@ -114,10 +114,12 @@ def _reference(tie: bool):
 @pytest.mark.parametrize(
     "par,tie",
     [
-        (ParallelConfig(data=2, tensor_row=2, tensor_col=2, tensor_mode="2d"), True),
-        (ParallelConfig(data=2, seq=4, seq_mode="ring"), False),
+        (
+            ParallelConfig(tensor_row=2, tensor_col=2, tensor_mode="2d", seq=2, seq_mode="ring"),
+            True,
+        ),
     ],
-    ids=["2d-q2-data2-tied", "ring4-zigzag-data2"],
+    ids=["2d-q2-ring2-zigzag-tied"],
 )
 def test_llama_tiny_loss_and_grads_match_one_device(par, tie):
     cfg = llama_config("llama-tiny", tie_embeddings=tie)

@@ -70,12 +70,14 @@ def _compare(fn, causal: bool, order=None, kv=A):
         k, v = jnp.repeat(k, A // kv, axis=2), jnp.repeat(v, A // kv, axis=2)
         return plain_attention(q, k, v, pos, causal)
 
-    np.testing.assert_allclose(jax.jit(got)(q, k, v), want(q, k, v), **TOL)
+    @jax.jit  # one compile: both outputs and both pullbacks
+    def run(q, k, v):
+        out, pull = jax.vjp(got, q, k, v)
+        ref, ref_pull = jax.vjp(want, q, k, v)
+        return out, ref, pull(ct), ref_pull(ct)
 
-    def grads(f):
-        return jax.jit(jax.grad(lambda q, k, v: jnp.sum(f(q, k, v) * ct), argnums=(0, 1, 2)))
-
-    g_got, g_want = grads(got)(q, k, v), grads(want)(q, k, v)
+    out, ref, g_got, g_want = run(q, k, v)
+    np.testing.assert_allclose(out, ref, **TOL)
     for g, w in zip(g_got, g_want, strict=True):
         assert np.all(np.isfinite(g))
         np.testing.assert_allclose(g, w, **TOL)
@@ -117,22 +119,38 @@ def test_fused_call_with_trailing_padding_matches_reference():
     pos = padded_positions()[:2]
     q, k, v = q[:2], k[:2], v[:2]
     lengths = jnp.sum(pos >= 0, axis=1, dtype=jnp.int32)
-    for causal in (True, False):
-        ref = plain_attention(q, k, v, pos, causal)
-        call = jax.nn.dot_product_attention(
-            q, k, v, is_causal=causal, key_value_seq_lengths=lengths, implementation="xla"
-        )
-        real = np.asarray(pos >= 0)  # padding queries may differ: their outputs are unused
+
+    @jax.jit
+    def run(q, k, v):
+        return [
+            (
+                plain_attention(q, k, v, pos, causal),
+                jax.nn.dot_product_attention(
+                    q, k, v, is_causal=causal, key_value_seq_lengths=lengths, implementation="xla"
+                ),
+                fused_attention(q, k, v, pos, pos, causal=causal),
+            )
+            for causal in (True, False)
+        ]
+
+    real = np.asarray(pos >= 0)  # padding queries may differ: their outputs are unused
+    for ref, call, fused in run(q, k, v):
         np.testing.assert_allclose(np.asarray(call)[real], np.asarray(ref)[real], **TOL)
-        np.testing.assert_allclose(fused_attention(q, k, v, pos, pos, causal=causal), ref, **TOL)
+        np.testing.assert_allclose(fused, ref, **TOL)
 
 
 def test_rope_treats_padding_as_position_zero_and_keeps_the_mask():
     q, k, v, _ = _inputs(2)
     pos = padded_positions()
     clamped = jnp.maximum(pos, 0)
-    got = with_rope(dot_product_attention)(q, k, v, pos, pos, causal=False)
-    want = plain_attention(apply_rope(q, clamped), apply_rope(k, clamped), v, pos, causal=False)
+
+    @jax.jit
+    def run(q, k, v):
+        got = with_rope(dot_product_attention)(q, k, v, pos, pos, causal=False)
+        rotated = apply_rope(q, clamped), apply_rope(k, clamped)
+        return got, plain_attention(*rotated, v, pos, causal=False)
+
+    got, want = run(q, k, v)
     np.testing.assert_allclose(got, want, **TOL)
 
 
