@@ -1,5 +1,6 @@
 """LLaMA: the published sizes, its configuration rules, and llama-tiny's loss and gradients (tied
-embeddings, a padded row) on a 2D tensor grid × zigzag ring attention against one device."""
+embeddings, a padded row) through the training step's program on a 2D tensor grid × zigzag ring
+attention, against one device."""
 
 from __future__ import annotations
 
@@ -20,7 +21,9 @@ from colossal_jax.mesh import build_mesh
 from colossal_jax.sequence.local import dot_product_attention
 from colossal_jax.sequence.zigzag import zigzag_permutation
 from colossal_jax.sharding import make_layout, make_local_attention, tree_shardings
+from colossal_jax.step import sharded_value_and_grad, stack_layer_dims
 from colossal_jax.tensor.replicated import ReplicatedLayout
+from colossal_jax.zero import zero_dims
 from models.llama import Llama
 from models.llama_config import LLAMA_MODELS, llama_config
 
@@ -69,7 +72,7 @@ def test_config_errors():
         tiny,
     )
     # llama is causal: a ring keeps zigzag order (2·seq chunks)
-    assert rules.uses_zigzag(ParallelConfig(seq=4, seq_mode="ring"), tiny)  # fmt: skip
+    assert rules.uses_zigzag(ParallelConfig(seq=4, seq_mode="ring"), tiny)
 
 
 B, S = 8, 16
@@ -84,24 +87,36 @@ def _batch():
 
 
 def _loss_and_grads(cfg, layout, local, order=None):
-    model = Llama(cfg, rngs=nnx.Rngs(0))
-    graphdef, params = nnx.split(model)
-    batch = _batch()
+    """One device: ``jax.value_and_grad`` of ``Llama.loss``. A mesh: the training step's program
+    (:func:`colossal_jax.step.sharded_value_and_grad`, every mesh axis manual)."""
+    graphdef, params = nnx.split(Llama(cfg, rngs=nnx.Rngs(0)))
+    batch = dict(zip(("tokens", "positions", "targets", "weights"), _batch(), strict=True))
     if order is not None:
-        batch = tuple(a[:, order] for a in batch)
-    if layout.mesh.size > 1:
-        params = jax.device_put(params, tree_shardings(params, layout))
-        batch = jax.device_put(batch, NamedSharding(layout.mesh, layout.token_spec()))
+        batch = {k: a[:, order] for k, a in batch.items()}
+    if layout.mesh.size == 1:
 
-    @jax.jit
-    def step(params, batch):
         def loss(params):
             with use_parallelism(layout, local):
-                return nnx.merge(graphdef, params).loss(*batch)
+                return nnx.merge(graphdef, params).loss(**batch)
 
-        return jax.value_and_grad(loss)(params)
-
-    return step(params, batch)
+        return jax.jit(jax.value_and_grad(loss))(params)
+    shardings = tree_shardings(params, layout)
+    specs = jax.tree.map(
+        lambda s: s.spec, shardings, is_leaf=lambda x: isinstance(x, NamedSharding)
+    )
+    step = sharded_value_and_grad(
+        graphdef,
+        layout,
+        local,
+        param_specs=specs,
+        grad_specs=specs,
+        dims=zero_dims(params, layout),
+        layer_dims=stack_layer_dims(graphdef, params, layout),
+        stage=0,
+    )
+    params = jax.device_put(params, shardings)
+    batch = jax.device_put(batch, NamedSharding(layout.mesh, layout.token_spec()))
+    return jax.jit(step)(params, batch)
 
 
 @functools.cache
