@@ -89,7 +89,8 @@ def _batch():
 def _loss_and_grads(cfg, layout, local, order=None):
     """One device: ``jax.value_and_grad`` of ``Llama.loss``. A mesh: the training step's program
     (:func:`colossal_jax.step.sharded_value_and_grad`, every mesh axis manual)."""
-    graphdef, params = nnx.split(Llama(cfg, rngs=nnx.Rngs(0)))
+    # a scan over the layers, as deeper models run (one layer body to compile)
+    graphdef, params = nnx.split(Llama(cfg, rngs=nnx.Rngs(0), unroll=False))
     batch = dict(zip(("tokens", "positions", "targets", "weights"), _batch(), strict=True))
     if order is not None:
         batch = {k: a[:, order] for k, a in batch.items()}

@@ -86,9 +86,9 @@ def _compare(fn, causal: bool, order=None, kv=A):
     np.testing.assert_array_equal(g_got[2][2, :3], 0.0)
 
 
-@pytest.mark.parametrize("causal", [True, False])
-def test_local_attention_masks_padding(causal):
-    _compare(functools.partial(dot_product_attention, causal=causal), causal, kv=KV)
+def test_local_attention_masks_padding():
+    """Causal; the bidirectional local kernel runs in tests/test_layer_contract.py."""
+    _compare(functools.partial(dot_product_attention, causal=True), True, kv=KV)
 
 
 P_SEQ = 4
