@@ -98,7 +98,8 @@ class ThreeDLayout(GridLayout):
         ``"in"`` weight block *after* its all-gather over ``i``: the tied head is the A → B
         linear without that gather — all-gather ``x`` over ``j``, multiply, reduce-scatter over
         ``k`` (``2·(q−1)/q³·(M·N + M·V)`` forward + backward); the table gradient is summed over
-        the token axes (``data``, ``i``, ``seq``) on its block."""
+        the token axes (``data``, ``i``, ``seq``) on its block. Memory: the gathered ``x``
+        ``M·N/q²`` and the partial logits ``M·V/q²``; no gathered table."""
         grad_axes = self.weight_grad_axes_of(self.embedding_spec())
 
         def body(x, t):

@@ -107,7 +107,9 @@ class TwoDLayout(GridLayout):
           ``M·V/q·(q−1)/q`` instead of the ``x`` gather's ``M·N/q·(q−1)/q``.
 
         The table gradient is summed over the token axes the table is not split over (``data``,
-        2.5D depth, ``seq``) on its block.
+        2.5D depth, ``seq``) on its block. Memory: the transient gathered table ``V·h/q`` (as an
+        ``"in"`` weight's gather) and the ``x`` gather ``M·h/q`` (per-stage path: the partial
+        logits ``M·V/q`` instead).
         """
         grad_axes = self.weight_grad_axes_of(self.embedding_spec())
         per_stage = in_per_stage_branches()
