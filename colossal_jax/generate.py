@@ -27,6 +27,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import sys
+import types
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -189,11 +190,13 @@ class Sampler:
         # rules ask of any batch, though the forward here does not run the schedule)
         shards = rules.batch_shards(par) * par.num_microbatches
         rows = math.ceil(sampling.num_samples / shards) * shards
-        multiple = 2 * par.seq if par.seq_mode == "ring" and par.seq > 1 else par.seq
+        # the checkpoint's recorded architecture decides, as the training run's model does
+        zigzag = rules.uses_zigzag(par, types.SimpleNamespace(**self.meta["architecture"]))
+        multiple = 2 * par.seq if zigzag else par.seq
         s = window(len(ids), sampling.max_new_tokens, self.max_window, multiple)
         run, params, step = self._build(rows, s, sampling)
         order = np.arange(s)
-        if par.seq_mode == "ring" and par.seq > 1:
+        if zigzag:
             from colossal_jax.sequence.zigzag import zigzag_permutation
 
             order = zigzag_permutation(s, par.seq)
