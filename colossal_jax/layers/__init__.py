@@ -2,6 +2,7 @@
 
 from colossal_jax.layers.context import Parallelism, active, use_parallelism
 from colossal_jax.layers.core import MLP, Dense, Embed, LayerNorm, SelfAttention, cross_entropy
+from colossal_jax.layers.features import FeatureEmbed
 from colossal_jax.layers.stack import Stack, apply_layers, stacked_filter
 
 
@@ -16,6 +17,7 @@ __all__ = [
     "MLP",
     "Dense",
     "Embed",
+    "FeatureEmbed",
     "LayerNorm",
     "Parallelism",
     "SelfAttention",
