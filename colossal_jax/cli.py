@@ -69,7 +69,7 @@ EXAMPLES = {  # a valid value for each flag whose default does not show one
     "--steps": "200",
     "--batch-size": "16",
     "--seq-len": "128",
-    "--lr": "3e-3",
+    "--lr": "0.003",
     "--warmup-steps": "20",
     "--data": "stdlib",
     "--eval-every": "50",
