@@ -638,6 +638,47 @@ def check_head_split(mode: str, heads: int, head_split: int) -> None:
         )
 
 
+def kv_heads_of(model: Any) -> int:
+    """The model's key/value heads: ``n_kv_head`` (grouped-query attention) or ``n_head``."""
+    kv = getattr(model, "n_kv_head", None)
+    return model.n_head if kv is None else kv
+
+
+def _sizes_for_head_split(mode: str, splits: list[int], depth: int = 1) -> str:
+    """Tensor-group sizes of ``mode`` whose attention head split is one of ``splits``."""
+    if mode == "1d":
+        return "tensor ∈ {" + ", ".join(map(str, splits)) + "}"
+    if mode == "2d":
+        return "tensor (q×q) ∈ {" + ", ".join(str(n * n) for n in splits) + "}"
+    if mode == "2.5d":
+        sizes = ", ".join(str(n * n * depth) for n in splits)
+        return f"tensor (q×q×depth, depth={depth}) ∈ {{{sizes}}}"
+    if mode == "3d":
+        return "tensor (q×q×q) ∈ {" + ", ".join(str(n**3) for n in splits) + "}"
+    return "tensor_mode none"
+
+
+def check_kv_heads(mode: str, heads: int, kv_heads: int, head_split: int, depth: int = 1) -> None:
+    """Grouped-query attention (Ainslie et al. 2023): ``kv_heads`` divides ``heads``, and every
+    device of the ``head_split``-way head split holds whole K/V heads (``kv_heads`` divisible by
+    ``head_split``; no K/V head is replicated across the tensor group). The message names the
+    tensor sizes of ``mode`` that would work."""
+    if kv_heads < 1 or heads % kv_heads:
+        fits = [d for d in range(1, heads + 1) if heads % d == 0]
+        near = _near(kv_heads, fits) if kv_heads >= 1 else [1]
+        raise ConfigError(
+            f"kv_heads={kv_heads} must divide heads={heads} (grouped-query attention); use "
+            f"n_kv_head={' or '.join(map(str, near))}"
+        )
+    if kv_heads % head_split:
+        ok = [n for n in range(1, kv_heads + 1) if kv_heads % n == 0]
+        raise ConfigError(
+            f"{mode} splits attention heads {head_split} ways, but kv_heads={kv_heads} is not "
+            f"divisible by {head_split} (each device must hold whole key/value heads); use "
+            f"{_sizes_for_head_split(mode, ok, depth)}, or n_kv_head divisible by {head_split}"
+        )
+
+
 # ---- the run: the config against the model -----------------------------------------------------
 
 
@@ -666,7 +707,7 @@ def check_run(cfg: TrainConfig, model: Any) -> None:
             f"--batch-size {n * max(1, round(cfg.batch_size / n))} or a smaller --grad-accum"
         )
     if par.seq > 1:
-        check_seq_split(cfg.seq_len, par.seq, zigzag=par.seq_mode == "ring")
+        check_seq_split(cfg.seq_len, par.seq, zigzag=uses_zigzag(par, model))
     if par.pipelined:
         _check_pipeline_split(cfg, model, split)
     tensor = split_of(par)
@@ -679,6 +720,13 @@ def check_run(cfg: TrainConfig, model: Any) -> None:
             mlp=model.mlp_width,
             heads=model.n_head,
             vocab=model.vocab_size,
+        )
+        check_kv_heads(
+            par.tensor_mode,
+            model.n_head,
+            kv_heads_of(model),
+            tensor.divisor("heads"),
+            par.tensor_depth,
         )
         embedding = tensor.divisor("vocab size")
         if model.position == "learned" and model.block_size % embedding:
@@ -739,6 +787,22 @@ def check_device_batch(cfg: TrainConfig) -> None:
         )
 
 
+def is_causal(model: Any) -> bool:
+    """Whether ``model``'s attention is causal: a model config declares ``causal = False``
+    (a field or property) for bidirectional attention (BERT, ViT); GPT-style configs, which
+    declare nothing, are causal."""
+    return bool(getattr(model, "causal", True))
+
+
+def uses_zigzag(par: ParallelConfig, model: Any) -> bool:
+    """Ring attention reorders the sequence in zigzag order (:mod:`colossal_jax.sequence.zigzag`)
+    only for a causal model: zigzag balances the work the *causal* mask leaves per device.
+    Without the mask every device already does the same ``p`` blocks, so a bidirectional model
+    keeps the contiguous order (the plain ring), which needs ``seq_len`` divisible by ``seq``
+    only, not ``2·seq``."""
+    return par.seq_mode == "ring" and par.seq > 1 and is_causal(model)
+
+
 def check_seq_split(seq_len: int, seq: int, *, zigzag: bool) -> None:
     """``seq_len`` splits into ``seq`` equal blocks, or ``2·seq`` zigzag chunks for causal ring
     attention (:mod:`colossal_jax.sequence.zigzag`)."""
@@ -756,7 +820,10 @@ def check_seq_split(seq_len: int, seq: int, *, zigzag: bool) -> None:
 
 
 def check_ulysses_heads(heads: int, seq: int, head_split: int = 1) -> None:
-    """Ulysses re-splits each tensor shard's ``heads / head_split`` heads over ``seq``."""
+    """Ulysses re-splits each tensor shard's ``heads / head_split`` query heads over ``seq``.
+    Key/value heads of grouped-query attention need no rule: where ``seq`` does not divide them
+    the kernel repeats them to ``lcm(kv_heads, seq)`` heads (:mod:`colossal_jax.sequence.ulysses`),
+    which divides the query heads whenever this rule holds."""
     local = heads // max(head_split, 1)
     if local % seq:
         raise ConfigError(

@@ -54,10 +54,10 @@ def make_layout(cfg: ParallelConfig, mesh: Mesh) -> TensorLayout:
     raise ConfigError(f"--tensor-mode {mode!r} is unknown")
 
 
-def make_local_attention(
-    cfg: ParallelConfig, *, causal: bool = True, implementation: str = "auto"
-) -> LocalAttention:
+def make_local_attention(cfg: ParallelConfig, *, implementation: str = "auto") -> LocalAttention:
     """The per-device attention kernel of ``cfg.seq_mode`` (run inside the layout's shard_map).
+    The mask is not the mode's: each attention layer passes its own ``causal`` (and padding
+    travels as negative positions), :data:`colossal_jax.tensor.layout.LocalAttention`.
 
     ``implementation`` (``auto | xla | cudnn``) chooses the block kernel where token order is
     position order (no sequence split, Ulysses): ``auto`` is cuDNN flash attention on a GPU in
@@ -67,21 +67,19 @@ def make_local_attention(
     if mode == "none" or cfg.seq == 1:
         from colossal_jax.sequence.fused import fused_attention
 
-        return functools.partial(fused_attention, causal=causal, implementation=implementation)
+        return functools.partial(fused_attention, implementation=implementation)
     if mode == "ring":
         from colossal_jax.sequence.ring import ring_attention
 
-        return functools.partial(ring_attention, axis_name="seq", causal=causal)
+        return functools.partial(ring_attention, axis_name="seq")
     if mode == "ulysses":
         from colossal_jax.sequence.ulysses import ulysses_attention
 
-        return functools.partial(
-            ulysses_attention, axis_name="seq", causal=causal, implementation=implementation
-        )
+        return functools.partial(ulysses_attention, axis_name="seq", implementation=implementation)
     if mode == "ring-self-attention":
         from colossal_jax.sequence.ring_self_attention import ring_self_attention
 
-        return functools.partial(ring_self_attention, axis_name="seq", causal=causal)
+        return functools.partial(ring_self_attention, axis_name="seq")
     raise ConfigError(f"--seq-mode {mode!r} is unknown")
 
 

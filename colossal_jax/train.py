@@ -35,7 +35,7 @@ from colossal_jax.layers import use_parallelism
 from colossal_jax.mesh import build_mesh
 from colossal_jax.metrics import MetricsWriter, device_memory, peak_flops
 from colossal_jax.optim import make_optimizer, schedule
-from colossal_jax.rules import grad_accum_of, resolve_model
+from colossal_jax.rules import grad_accum_of, resolve_model, uses_zigzag
 from colossal_jax.sharding import make_layout, make_local_attention, tree_shardings
 from colossal_jax.step import sharded_value_and_grad, stack_layer_dims
 from colossal_jax.tasks import TaskBatches, load_text, make_batches
@@ -128,9 +128,7 @@ def build(cfg: TrainConfig) -> Run:
     mesh = build_mesh(cfg.parallel, devices)
     layout = make_layout(cfg.parallel, mesh)
     validate_run(cfg, model, layout)
-    local_attention = make_local_attention(
-        cfg.parallel, causal=family.causal, implementation=cfg.attention
-    )
+    local_attention = make_local_attention(cfg.parallel, implementation=cfg.attention)
 
     abstract_model = nnx.eval_shape(lambda: family.build(model, rngs=nnx.Rngs(cfg.seed)))
     graphdef, abstract_params = nnx.split(abstract_model)
@@ -169,7 +167,7 @@ def build(cfg: TrainConfig) -> Run:
         )
 
     order = None
-    if cfg.parallel.seq_mode == "ring" and cfg.parallel.seq > 1:
+    if uses_zigzag(cfg.parallel, model):
         from colossal_jax.sequence.zigzag import zigzag_permutation
 
         order = zigzag_permutation(cfg.seq_len, cfg.parallel.seq)

@@ -1,11 +1,11 @@
 """What every tensor-split layout shares: kernels that follow from its specs alone.
 
-Given a layout's residual, wide, token and embedding specs, the layer norm, the embedding, the
-attention head split and the vocab-parallel cross-entropy are the same algorithm in 1D, 2D,
-2.5D and 3D — only the axes differ, and those are read off the specs:
+Given a layout's residual, wide, token and embedding specs, the layer norm and RMSNorm, the
+embedding, the attention head split and the vocab-parallel cross-entropy are the same algorithm
+in 1D, 2D, 2.5D and 3D — only the axes differ, and those are read off the specs:
 
 - the axes splitting the residual's hidden dimension: LayerNorm all-reduces its statistics
-  over them (``2·rows`` elements per direction);
+  over them (``2·rows`` elements per direction), RMSNorm its one statistic Σx² (``rows``);
 - the axes splitting the wide dimension: attention heads and the vocabulary (LM head logits)
   are split over them;
 - the axes splitting the embedding table's rows: the vocabulary of the lookup. Where they also
@@ -34,6 +34,7 @@ from jax.sharding import PartitionSpec as P
 from colossal_jax.tensor.kernels import (
     reduce_loss,
     split_layer_norm,
+    split_rms_norm,
     varying,
     vocab_parallel_embed,
 )
@@ -71,7 +72,11 @@ class GridLayout(TensorLayout):
 
     def weight_grad_axes(self, kind: LinearKind) -> AxisNames:
         """Axes that split the tokens but not the weight: its gradient is summed over them."""
-        w_axes = {a for entry in self.weight_spec(kind) for a in axes_of(entry)}
+        return self.weight_grad_axes_of(self.weight_spec(kind))
+
+    def weight_grad_axes_of(self, spec: P) -> AxisNames:
+        """Axes that split the tokens but not a parameter of ``spec``."""
+        w_axes = {a for entry in spec for a in axes_of(entry)}
         return tuple(a for a in self.token_axes() if a not in w_axes)
 
     @abc.abstractmethod
@@ -118,6 +123,16 @@ class GridLayout(TensorLayout):
             spec,
         )(x, scale, bias)
 
+    def rms_norm(self, x, scale, eps: float):
+        spec = self.residual_spec()
+        hidden = self.hidden_axes()
+        return sharded(
+            lambda x, s: split_rms_norm(x, s, eps, hidden_axes=hidden),
+            self.mesh,
+            (spec, self.norm_spec()),
+            spec,
+        )(x, scale)
+
     def embed(self, tokens, table):
         vocab = axes_of(self.embedding_spec()[0])
         batch = axes_of(self.residual_spec()[0])
@@ -140,7 +155,18 @@ class GridLayout(TensorLayout):
             self.residual_spec(),
         )(tokens, table)
 
-    def attention(self, q, k, v, positions, *, heads: int, local_attention: LocalAttention):
+    def attention(
+        self,
+        q,
+        k,
+        v,
+        positions,
+        *,
+        heads: int,
+        local_attention: LocalAttention,
+        causal: bool = True,
+        kv_heads: int | None = None,
+    ):
         return attention_in_shard_map(
             self,
             q,
@@ -150,6 +176,8 @@ class GridLayout(TensorLayout):
             heads=heads,
             head_split=self.axis_size(self.wide_axes()),
             local_attention=local_attention,
+            causal=causal,
+            kv_heads=kv_heads,
         )
 
     def cross_entropy(self, logits, targets, weights):

@@ -77,3 +77,9 @@ class OneDLayout(GridLayout):
         forward all-reduce of the output (``2·M·N·(p−1)/p``)."""
         y = jnp.einsum("bsn,nk->bsk", x, w)
         return y if kind == "in" else jax.lax.psum(y, self.t)
+
+    def tied_logits(self, x, table):
+        """The table ``[V/p, h]`` split by rows is, transposed, exactly the column linear's
+        weight ``[h, V/p]``: the tied head *is* the column linear (no extra communication; the
+        input gradient's all-reduce over ``t`` as for any column linear)."""
+        return self.linear(x, table.T, None, "in")

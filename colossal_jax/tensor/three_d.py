@@ -27,9 +27,11 @@ from jax.sharding import PartitionSpec as P
 
 from colossal_jax import rules
 from colossal_jax.tensor.grid import GridLayout
+from colossal_jax.tensor.kernels import varying
 from colossal_jax.tensor.layout import (
     ActivationAxes,
     LinearKind,
+    sharded,
     spec_axes,
 )
 
@@ -90,3 +92,20 @@ class ThreeDLayout(GridLayout):
         y = jnp.einsum("bsn,nk->bsk", x, jax.lax.all_gather(w, self.i, axis=0, tiled=True))
         scatter = self.k if kind == "in" else self.j
         return jax.lax.psum_scatter(y, scatter, scatter_dimension=0, tiled=True)
+
+    def tied_logits(self, x, table):
+        """The table's block ``[V/q (j), h/q (k)]``, replicated over ``i``, is the transposed
+        ``"in"`` weight block *after* its all-gather over ``i``: the tied head is the A → B
+        linear without that gather — all-gather ``x`` over ``j``, multiply, reduce-scatter over
+        ``k`` (``2·(q−1)/q³·(M·N + M·V)`` forward + backward); the table gradient is summed over
+        the token axes (``data``, ``i``, ``seq``) on its block."""
+        grad_axes = self.weight_grad_axes_of(self.embedding_spec())
+
+        def body(x, t):
+            xg = jax.lax.all_gather(x, self.j, axis=0, tiled=True)
+            y = jnp.einsum("bsh,vh->bsv", xg, varying(t, grad_axes))
+            return jax.lax.psum_scatter(y, self.k, scatter_dimension=0, tiled=True)
+
+        return sharded(
+            body, self.mesh, (self.residual_spec(), self.embedding_spec()), self.wide_spec()
+        )(x, table)

@@ -26,9 +26,12 @@ from jax.sharding import PartitionSpec as P
 
 from colossal_jax import rules
 from colossal_jax.tensor.grid import GridLayout
+from colossal_jax.tensor.kernels import grid_transpose, varying
 from colossal_jax.tensor.layout import (
     ActivationAxes,
     LinearKind,
+    in_per_stage_branches,
+    sharded,
     spec_axes,
 )
 
@@ -87,3 +90,38 @@ class TwoDLayout(GridLayout):
         """All-gather the weight's row blocks over ``r`` and multiply: the output
         ``[M/q, K/q]`` block is already in the activation layout."""
         return jnp.einsum("bsn,nk->bsk", x, jax.lax.all_gather(w, self.row, axis=0, tiled=True))
+
+    def tied_logits(self, x, table):
+        """The tied LM head on the grid. The table's block on device ``(i, j)`` is
+        ``T[V/q (i), h/q (j)]`` (the lookup's layout), the transpose of what the ``"in"`` linear
+        wants (``W[h/q (i), V/q (j)]``), so:
+
+        - ordinarily, a grid transpose (:func:`~colossal_jax.tensor.kernels.grid_transpose`,
+          device ``(i, j)`` receives ``T[V_j, h_i]`` from ``(j, i)``: ``V·h/q²``) turns it into
+          the linear's weight block, then the SUMMA linear as for any ``"in"`` weight (all-gather
+          ``x`` over ``c`` and the block over ``r``);
+        - inside a pipeline's per-stage branches (where a ``ppermute`` would wait for devices
+          running other branches, :func:`colossal_jax.tensor.layout.in_per_stage_branches`),
+          all-gather the table over ``r`` (``T[V, h_j]``), multiply by the local ``x[b_i, h_j]``
+          and reduce-scatter the partial logits over ``c`` on the vocabulary:
+          ``M·V/q·(q−1)/q`` instead of the ``x`` gather's ``M·N/q·(q−1)/q``.
+
+        The table gradient is summed over the token axes the table is not split over (``data``,
+        2.5D depth, ``seq``) on its block.
+        """
+        grad_axes = self.weight_grad_axes_of(self.embedding_spec())
+        per_stage = in_per_stage_branches()
+
+        def body(x, t):
+            t = varying(t, grad_axes)
+            if per_stage:
+                t = jax.lax.all_gather(t, self.row, axis=0, tiled=True)  # [V, h/q]
+                y = jnp.einsum("bsh,vh->bsv", x, t)
+                return jax.lax.psum_scatter(y, self.col, scatter_dimension=2, tiled=True)
+            t = grid_transpose(t, self.row, self.col)  # [V/q (j), h/q (i)]
+            t = jax.lax.all_gather(t, self.row, axis=1, tiled=True)  # [V/q (j), h]
+            return jnp.einsum("bsh,vh->bsv", self._gather_input(x, "in"), t)
+
+        return sharded(
+            body, self.mesh, (self.residual_spec(), self.embedding_spec()), self.wide_spec()
+        )(x, table)
