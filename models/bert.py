@@ -3,12 +3,12 @@ language modelling, written once on the library's layers.
 
 Token, learned-position and (optional) token-type embeddings, summed and layer-normed; post-LN
 encoder layers (``LN(x + attn(x))``, then ``LN(x + mlp(x))``) whose attention sees every position
-(the family is registered non-causal, :mod:`models.registry`); an MLM decoder over the
-vocabulary. The loss is scored where the data's weights are nonzero, the masked positions
-(:mod:`colossal_jax.masked_lm`). Differences from the paper: the decoder is a linear map of the
-last layer's output, not tied to the token embedding and without BERT's extra dense + GELU +
-LayerNorm transform (the layouts map hidden to vocabulary; a hidden-to-hidden residual map has
-no layout); GELU is the tanh approximation of the library's MLP; no next-sentence head.
+(``causal=False``); an MLM decoder tied to the token embedding, with its own bias, as the
+paper's. The loss is scored where the data's weights are nonzero, the masked positions
+(:mod:`colossal_jax.masked_lm`). Differences from the paper: the decoder reads the last layer's
+output directly, without BERT's extra dense + GELU + LayerNorm transform (a hidden-to-hidden map
+of the residual stream has no layout kind); GELU is the tanh approximation of the library's MLP;
+no next-sentence head.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from colossal_jax.layers import MLP, Dense, Embed, FeatureEmbed, LayerNorm, SelfAttention, Stack
+from colossal_jax.layers import MLP, Embed, FeatureEmbed, LayerNorm, SelfAttention, Stack
 from colossal_jax.layers.core import token_loss_sums
 from colossal_jax.masked_lm import SpecialTokens
 from models.bert_config import BERT_MODELS, BertConfig
@@ -29,7 +29,7 @@ class Block(nnx.Module):
     """One post-LN encoder layer: ``x = LN(x + attn(x))``, then ``x = LN(x + mlp(x))``."""
 
     def __init__(self, cfg: BertConfig, *, rngs: nnx.Rngs):
-        self.attn = SelfAttention(cfg.n_embd, cfg.n_head, rngs=rngs)
+        self.attn = SelfAttention(cfg.n_embd, cfg.n_head, rngs=rngs, causal=cfg.causal)
         self.ln1 = LayerNorm(cfg.n_embd, eps=cfg.eps)
         self.mlp = MLP(cfg.n_embd, cfg.mlp_width, rngs=rngs)
         self.ln2 = LayerNorm(cfg.n_embd, eps=cfg.eps)
@@ -63,7 +63,8 @@ class Bert(nnx.Module):
         )
         self.ln_emb = LayerNorm(h, eps=cfg.eps)
         self.blocks = Stack(lambda r: Block(cfg, rngs=r), cfg.n_layer, rngs=rngs, unroll=unroll)
-        self.decoder = Dense(h, cfg.vocab_size, kind="in", rngs=rngs)
+        # the decoder's weights are wte's table (tied); its bias is split like a wide output
+        self.decoder_bias = nnx.Param(jnp.zeros((cfg.vocab_size,), jnp.float32), role="bias_in")
 
     def embed(self, tokens: jax.Array, positions: jax.Array) -> jax.Array:
         """Token + position (+ token-type) embeddings, layer-normed: ``[b, s, h]``."""
@@ -75,7 +76,8 @@ class Bert(nnx.Module):
         return self.ln_emb(x)
 
     def logits(self, x: jax.Array) -> jax.Array:
-        return self.decoder(x)
+        """``x @ wte.T + b``: logits over the vocabulary (wide layout)."""
+        return self.wte.attend(x) + self.decoder_bias[...]
 
     def head_loss(
         self, x: jax.Array, targets: jax.Array, weights: jax.Array

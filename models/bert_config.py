@@ -37,23 +37,27 @@ class BertConfig:
 
     position = "learned"
     """Positions come from a learned table (``block_size`` rows)."""
+    causal = False
+    """Attention sees every position (an encoder; :func:`colossal_jax.rules.is_causal`)."""
 
     @property
     def mlp_width(self) -> int:
         return self.mlp_ratio * self.n_embd
 
     def matmul_params(self) -> int:
-        """Parameters in matmuls (every linear and the MLM decoder), the N of ``6·N`` FLOPs."""
+        """Parameters in matmuls (every linear and the MLM decoder, whose matmul runs though its
+        weights are the token embedding's), the N of ``6·N`` FLOPs."""
         h, w = self.n_embd, self.mlp_width
         return self.n_layer * (4 * h * h + 2 * h * w) + h * self.vocab_size
 
     def param_count(self) -> int:
         """Parameters of ``models.bert.Bert(self)``: token, position and type embeddings with
-        their layer norm, the post-LN layers, and the MLM decoder (untied, with a bias)."""
+        their layer norm, the post-LN layers, and the MLM decoder's bias (its weights are the
+        token embedding's)."""
         h, w, v = self.n_embd, self.mlp_width, self.vocab_size
         layer = 4 * h * h + 4 * h + 2 * h * w + w + h + 4 * h  # attention, MLP, two layer norms
         embeddings = (v + self.block_size + self.type_vocab_size) * h + 2 * h
-        return embeddings + self.n_layer * layer + h * v + v
+        return embeddings + self.n_layer * layer + v
 
     def flops_per_token(self, seq_len: int) -> float:
         """Training FLOPs per token: ``6·N + 12·L·s·h`` (docs/formulas.md); the decoder runs on

@@ -26,6 +26,7 @@ from typing import Any, Protocol
 
 from models.bert_config import BERT_MODELS, BertConfig
 from models.gpt_config import GPT_MODELS, GPTConfig
+from models.llama_config import LLAMA_MODELS, LlamaConfig
 from models.vit_config import VIT_MODELS, ViTConfig
 
 TASKS = ("causal_lm", "masked_lm", "image_classification")
@@ -68,10 +69,12 @@ class Family:
       task: the data task it trains on, one of :data:`TASKS`.
       config_class: its frozen, JAX-free config dataclass.
       sizes: named configs (``gpt2-tiny`` …); names are unique across families.
-      module: ``"package.module:Class"`` of its Flax nnx module.
-      causal: attention masks future positions (decoders) or not (encoders).
-      train_defaults: TrainConfig fields (``optim.<field>`` for the optimizer's) that a run of
-        this family starts from; the command line and explicit fields override them.
+      module: ``"package.module:Class"`` of its Flax nnx module. (Whether its attention is
+        causal is the config's ``causal``, absent meaning causal: :func:`colossal_jax.rules.
+        is_causal`.)
+      train_defaults: TrainConfig fields (``optim.<field>`` for the optimizer's: ``lr`` and
+        ``warmup_steps`` are the ones the command line defaults) that a run of this family
+        starts from; the command line and explicit fields override them.
       size_defaults: per-size additions to ``train_defaults``.
     """
 
@@ -81,7 +84,6 @@ class Family:
     config_class: type
     sizes: Mapping[str, Any]
     module: str
-    causal: bool = True
     train_defaults: Mapping[str, Any] = field(default_factory=dict)
     size_defaults: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
 
@@ -136,7 +138,6 @@ register(
         BertConfig,
         BERT_MODELS,
         "models.bert:Bert",
-        causal=False,
     )
 )
 register(
@@ -147,7 +148,6 @@ register(
         ViTConfig,
         VIT_MODELS,
         "models.vit:ViT",
-        causal=False,
         train_defaults={"data": "shapes"},
         size_defaults={
             "vit-tiny": {
@@ -163,8 +163,16 @@ register(
         },
     )
 )
-# LLaMA (branch `layers`): register(Family("llama", "Touvron et al. 2023", "causal_lm",
-#     LlamaConfig, LLAMA_MODELS, "models.llama:Llama")) with models.llama_config's names.
+register(
+    Family(
+        "llama",
+        "Touvron et al. 2023; Dubey et al. 2024",
+        "causal_lm",
+        LlamaConfig,
+        LLAMA_MODELS,
+        "models.llama:Llama",
+    )
+)
 
 
 def family_of(name: str) -> Family:

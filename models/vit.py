@@ -6,7 +6,7 @@ An image arrives as tokens (:mod:`colossal_jax.images`): row 0 is the class toke
 (:class:`~colossal_jax.layers.FeatureEmbed`) with one more input, the indicator of the class
 slot, so the class token is that input's learned row (plus the shared bias): ViT's learnable
 ``x_class`` with no layout of its own. Learned positions, pre-LN encoder layers with attention
-over every position (the family is registered non-causal), a final LayerNorm and a linear head
+over every position (``causal=False``), a final LayerNorm and a linear head
 (zero-initialised, as the paper's). The head runs on every token; the data's loss weights (1 at
 the class position, 0 elsewhere) make the loss the class token's, so pipelines, accumulation
 and ZeRO need nothing new. GELU is the tanh approximation of the library's MLP.
@@ -33,7 +33,7 @@ class Block(nnx.Module):
 
     def __init__(self, cfg: ViTConfig, *, rngs: nnx.Rngs):
         self.ln1 = LayerNorm(cfg.n_embd, eps=cfg.eps)
-        self.attn = SelfAttention(cfg.n_embd, cfg.n_head, rngs=rngs)
+        self.attn = SelfAttention(cfg.n_embd, cfg.n_head, rngs=rngs, causal=cfg.causal)
         self.ln2 = LayerNorm(cfg.n_embd, eps=cfg.eps)
         self.mlp = MLP(cfg.n_embd, cfg.mlp_width, rngs=rngs)
 

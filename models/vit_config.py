@@ -46,6 +46,8 @@ class ViTConfig:
 
     position = "learned"
     """Positions come from a learned table (``block_size`` rows)."""
+    causal = False
+    """Attention sees every position (an encoder; :func:`colossal_jax.rules.is_causal`)."""
 
     @property
     def n_patches(self) -> int:
