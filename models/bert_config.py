@@ -66,8 +66,9 @@ class BertConfig:
 
 
 BERT_MODELS: dict[str, BertConfig] = {
-    # ours, CPU-sized (Google's later "BERT-Tiny" is L=2 H=128 A=2; 4 heads here split 4 ways)
-    "bert-tiny": BertConfig(block_size=128, n_layer=2, n_head=4, n_embd=128, type_vocab_size=0),
+    # ours, CPU-sized (Google's later "BERT-Tiny" is L=2 H=128 A=2); 8 heads, as gpt2-tiny, so
+    # every tensor split of 8 devices divides them
+    "bert-tiny": BertConfig(block_size=128, n_layer=2, n_head=8, n_embd=128, type_vocab_size=0),
     "bert-base": BertConfig(n_layer=12, n_head=12, n_embd=768),
     "bert-large": BertConfig(n_layer=24, n_head=16, n_embd=1024),
 }

@@ -102,7 +102,7 @@ VIT_MODELS: dict[str, ViTConfig] = {
     # ours, CPU-sized: the 8×8 digits in four 4×4 patches and the class token (2×2 patches
     # learn far slower on 1,437 training images: 83% held out after 300 steps against 97%)
     "vit-tiny": ViTConfig(
-        image_size=8, patch_size=4, channels=1, num_classes=10, n_layer=4, n_head=4, n_embd=64
+        image_size=8, patch_size=4, channels=1, num_classes=10, n_layer=4, n_head=8, n_embd=64
     ),
     "vit-base": ViTConfig(n_layer=12, n_head=12, n_embd=768),
     "vit-large": ViTConfig(n_layer=24, n_head=16, n_embd=1024),
