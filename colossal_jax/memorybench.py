@@ -47,7 +47,6 @@ from dataclasses import dataclass
 from typing import Any
 
 import jax
-import jax.numpy as jnp
 
 from colossal_jax.checkpoint import abstract_like
 from colossal_jax.config import ParallelConfig, TrainConfig, param_count
@@ -97,11 +96,11 @@ def config(
 
 
 def abstract_batch(run) -> dict[str, jax.ShapeDtypeStruct]:
-    shape = (run.cfg.batch_size, run.cfg.seq_len)
+    """The run's batch as abstract arrays in its sharding: the shapes and dtypes of its task's
+    batches (``[b, s]``; image tokens carry a feature dimension)."""
+    host = run.batches.batch(0)
     return {
-        k: jax.ShapeDtypeStruct(
-            shape, jnp.float32 if k == "weights" else jnp.int32, sharding=run.batch_sharding
-        )
+        k: jax.ShapeDtypeStruct(host[k].shape, host[k].dtype, sharding=run.batch_sharding)
         for k in BATCH_KEYS
     }
 
