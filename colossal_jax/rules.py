@@ -519,7 +519,8 @@ def _check_images(cfg: TrainConfig, model: Any) -> None:
     if cfg.data not in IMAGE_DATA:
         raise ConfigError(
             f"--data {cfg.data}: --model {cfg.model} classifies images; use --data digits "
-            "(scikit-learn's 8×8 handwritten digits) or shapes (generated at the model's size)"
+            "(scikit-learn's 8×8 handwritten digits) or shapes (generated at the model's size); "
+            f"in Python, TrainConfig.for_model({cfg.model!r}) starts from the family's defaults"
         )
     side, channels, classes = DIGITS_SHAPE
     if cfg.data == "digits" and (
