@@ -5,8 +5,10 @@ enter through a linear map of per-token feature vectors. The features arrive lik
 the layout's :meth:`~colossal_jax.tensor.layout.TensorLayout.token_spec` with a whole trailing
 feature dimension ``F``, and must leave in the residual stream's spec ``[b, s, h]``.
 
-Algorithm (derived from the layout's specs, so it is the same in every mode): the weight ``[F,
-h]`` is split like the residual's hidden dimension and replicated over the rest
+Algorithm (derived from the layout's specs, so it is the same in every mode; the input side of
+a column-parallel linear, Shoeybi et al. 2019, with the columns split as the residual's hidden
+dimension rather than the wide one): the weight ``[F, h]`` is split like the residual's hidden
+dimension and replicated over the rest
 (:func:`weight_spec`), the bias like the residual's hidden dimension; each device multiplies the
 feature rows of its residual batch block by its weight columns — the output block is the
 residual's, with no collective in the forward pass. The weight's gradient is summed over the
