@@ -331,7 +331,9 @@ class TrainConfig:
     """One training run.
 
     Attributes:
-      model: a name from ``models.gpt.MODELS``.
+      model: a name from ``models.registry.MODELS`` (any family: ``gpt2-tiny``, ``bert-tiny``,
+        ``vit-tiny`` …); its family decides the data task and may carry training defaults
+        (:meth:`for_model`).
       model_overrides: ``field -> value`` applied to the named model config.
       steps: total optimizer steps (a resumed run stops where an uninterrupted one would).
       batch_size: global batch in sequences, whatever the mesh.
@@ -396,6 +398,24 @@ class TrainConfig:
     optim: OptimConfig = field(default_factory=OptimConfig)
     parallel: ParallelConfig = field(default_factory=ParallelConfig)
 
+    @classmethod
+    def for_model(cls, model: str, **fields: Any) -> TrainConfig:
+        """A run of ``model`` from its family's training defaults (``vit-tiny``: the digits, 17
+        tokens per image, its steps, batch and learning rate; :func:`models.registry.
+        train_defaults`), then ``fields``; an ``optim`` given replaces the family's optimizer
+        defaults whole. ``TrainConfig(model=...)`` keeps the library-wide defaults instead."""
+        from models.registry import train_defaults
+
+        try:
+            defaults = train_defaults(model)
+        except KeyError as e:
+            raise ConfigError(e.args[0]) from None
+        optim = {k.removeprefix("optim."): v for k, v in defaults.items() if k.startswith("optim.")}
+        plain = {k: v for k, v in defaults.items() if not k.startswith("optim.")}
+        if "optim" not in fields:
+            fields["optim"] = OptimConfig(**optim)
+        return cls(model=model, **{**plain, **fields})
+
     def validate(self) -> None:
         """Raise :class:`ConfigError` for an impossible field (:func:`rules.check_config`
         without a model) or an unusable output path (:mod:`colossal_jax.preflight`)."""
@@ -426,12 +446,9 @@ def warmup_note(cfg: TrainConfig) -> str | None:
 
 
 def param_count(m: Any) -> int:
-    """Parameters of ``models.gpt.GPT(m)`` for a GPTConfig ``m``: embeddings, layers (with biases
-    and layer norms), the final norm and the untied LM head."""
-    h, w, v = m.n_embd, m.mlp_ratio * m.n_embd, m.vocab_size
-    layer = 4 * h * h + 4 * h + 2 * h * w + w + h + 4 * h  # attention, MLP, two layer norms
-    positions = m.block_size * h if m.position == "learned" else 0
-    return v * h + positions + m.n_layer * layer + 2 * h + h * v
+    """Parameters of the module a model config ``m`` (any family's,
+    :class:`models.registry.ModelConfig`) builds: its own count."""
+    return m.param_count()
 
 
 def state_bytes(cfg: TrainConfig, m: Any) -> float:

@@ -47,7 +47,6 @@ from dataclasses import dataclass
 from typing import Any
 
 import jax
-import jax.numpy as jnp
 
 from colossal_jax.checkpoint import abstract_like
 from colossal_jax.config import ParallelConfig, TrainConfig, param_count
@@ -97,20 +96,19 @@ def config(
 
 
 def abstract_batch(run, *, train_step: bool = False) -> dict[str, jax.ShapeDtypeStruct]:
-    """The model's batch as shapes; with ``train_step`` also the per-device stop flags the train
-    step takes (``train.stop_flags``: one int32 per device)."""
+    """The run's batch as abstract arrays in its sharding: the shapes and dtypes of its task's
+    batches (``[b, s]``; image tokens carry a feature dimension); with ``train_step`` also the
+    per-device stop flags the train step takes (``train.stop_flags``: one int32 per device)."""
     from colossal_jax.train import stop_sharding
 
-    shape = (run.cfg.batch_size, run.cfg.seq_len)
+    host = run.batches.batch(0)
     batch = {
-        k: jax.ShapeDtypeStruct(
-            shape, jnp.float32 if k == "weights" else jnp.int32, sharding=run.batch_sharding
-        )
+        k: jax.ShapeDtypeStruct(host[k].shape, host[k].dtype, sharding=run.batch_sharding)
         for k in BATCH_KEYS
     }
     if train_step:
         stop = stop_sharding(run.mesh)
-        batch["stop"] = jax.ShapeDtypeStruct((run.mesh.size,), jnp.int32, sharding=stop)
+        batch["stop"] = jax.ShapeDtypeStruct((run.mesh.size,), "int32", sharding=stop)
     return batch
 
 

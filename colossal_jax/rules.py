@@ -68,9 +68,9 @@ def check_config(
     memory: tuple[int, int] | None = None,
 ) -> None:
     """Every device-free rule of ``cfg``: the parallel config (against ``n_devices`` when
-    given), the training and optimizer fields and, with a resolved ``model`` (a GPTConfig), the
-    model and run rules; with ``memory = (capacity bytes, devices sharing it)`` also the
-    training-state floor."""
+    given), the training and optimizer fields and, with a resolved ``model`` (any family's
+    config), the model, task and run rules; with ``memory = (capacity bytes, devices sharing
+    it)`` also the training-state floor."""
     check_parallel(cfg.parallel, n_devices)
     check_train(cfg)
     if model is not None:
@@ -81,6 +81,7 @@ def check_with_model(cfg: TrainConfig, model: Any, memory: tuple[int, int] | Non
     """The rules that need the resolved model, for a ``cfg`` that passed the others: its
     dimensions, the memory floor (given ``memory``), then the run's divisibilities."""
     check_model(model, _models()[cfg.model], cfg.model_overrides)
+    check_task(cfg, model)
     if memory is not None:
         check_memory(cfg, model, *memory)
     check_run(cfg, model)
@@ -386,25 +387,33 @@ def check_axes_for_modes(par: ParallelConfig) -> None:
 
 # ---- model --------------------------------------------------------------------------------------
 
-MODEL_SIZES = ("vocab_size", "block_size", "n_layer", "n_head", "n_embd", "mlp_ratio")
+MAY_BE_ZERO = ("type_vocab_size",)
+"""Integer model fields where 0 turns a part off (BERT's token-type embedding)."""
 
 
 def check_model(model: Any, base: Any, overrides: dict[str, Any]) -> None:
-    """Model dimensions no mesh can fix. ``model`` and ``base`` (the named model) are GPTConfigs;
-    ``overrides`` the ``--set model.*`` values, so the message names the flag that was given."""
-    for key in MODEL_SIZES:
-        value = getattr(model, key)
-        if not isinstance(value, int) or value < 1:
-            raise ConfigError(
-                f"--set model.{key}={value} must be a positive integer; e.g. "
-                f"--set model.{key}={getattr(base, key)}"
-            )
-    for key, least in (("eps", 0.0), ("rope_theta", 1.0)):
-        value = getattr(model, key)
+    """Model dimensions no mesh can fix. ``model`` and ``base`` (the named model) are configs of
+    one family (:class:`models.registry.ModelConfig`); ``overrides`` the ``--set model.*``
+    values, so the message names the flag that was given."""
+    for f in dataclasses.fields(model):
+        example = getattr(base, f.name)
+        value = getattr(model, f.name)
+        if isinstance(example, bool) or not isinstance(example, int | float):
+            continue
+        if isinstance(example, int):
+            least = 0 if f.name in MAY_BE_ZERO else 1
+            if not isinstance(value, int) or value < least:
+                what = "a positive integer" if least else "an integer ≥ 0"
+                raise ConfigError(
+                    f"--set model.{f.name}={value} must be {what}; e.g. "
+                    f"--set model.{f.name}={example}"
+                )
+            continue
+        least = 1.0 if f.name == "rope_theta" else 0.0
         if not (math.isfinite(value) and value >= least):
             raise ConfigError(
-                f"--set model.{key}={value} must be a finite number ≥ {least:g}; e.g. "
-                f"--set model.{key}={getattr(base, key)}"
+                f"--set model.{f.name}={value} must be a finite number ≥ {least:g}; e.g. "
+                f"--set model.{f.name}={example}"
             )
     h, heads = model.n_embd, model.n_head
     if h % heads:
@@ -425,6 +434,14 @@ def check_model(model: Any, base: Any, overrides: dict[str, Any]) -> None:
             f"--set model.position=rope needs an even head size, but n_embd/n_head = {h}/{heads} "
             f"= {h // heads}; use --set model.n_embd={h + heads} or --set model.position=learned"
         )
+    patch = getattr(model, "patch_size", None)
+    if patch is not None and model.image_size % patch:
+        fits = [p for p in range(1, model.image_size + 1) if model.image_size % p == 0]
+        near = " or ".join(map(str, _near(patch, fits)))
+        raise ConfigError(
+            f"--set model.patch_size={patch} does not divide model.image_size="
+            f"{model.image_size}; use --set model.patch_size={near}"
+        )
 
 
 def _near(x: int, candidates: list[int]) -> list[int]:
@@ -434,15 +451,15 @@ def _near(x: int, candidates: list[int]) -> list[int]:
 
 
 def resolve_model(cfg: TrainConfig, data_vocab: int | None) -> Any:
-    """The model config (a GPTConfig): the named one, the architecture of ``--init-from-hf``
-    (if given) or else the data's vocabulary, then ``--set model.*``; an unknown name or field
-    is a ConfigError."""
-    from models.configs import model_config
+    """The model config (of any family, :mod:`models.registry`): the named one, the architecture
+    of ``--init-from-hf`` (if given) or else the vocabulary its task needs for data of
+    ``data_vocab`` token ids (:func:`colossal_jax.tasks.model_vocab`), then ``--set model.*``; an
+    unknown name or field is a ConfigError."""
+    from colossal_jax.tasks import model_vocab
+    from models.registry import model_config, task_of
 
     overrides = model_overrides(cfg)
-    if data_vocab is not None and "vocab_size" not in overrides:
-        overrides["vocab_size"] = data_vocab
-    if cfg.init_from_hf is not None and data_vocab is not None:
+    if cfg.init_from_hf is not None and data_vocab is not None and "vocab_size" in overrides:
         if data_vocab > overrides["vocab_size"]:
             raise ConfigError(
                 f"--data {cfg.data} has token ids up to {data_vocab - 1}, but the model of "
@@ -450,6 +467,9 @@ def resolve_model(cfg: TrainConfig, data_vocab: int | None) -> Any:
                 f"{overrides['vocab_size']}; use data tokenized for that model"
             )
     try:
+        vocab = model_vocab(task_of(cfg.model), data_vocab)
+        if vocab is not None and "vocab_size" not in overrides:
+            overrides["vocab_size"] = vocab
         return model_config(cfg.model, **overrides)
     except KeyError as e:
         raise ConfigError(e.args[0]) from None
@@ -458,9 +478,79 @@ def resolve_model(cfg: TrainConfig, data_vocab: int | None) -> Any:
 
 
 def _models() -> dict[str, Any]:
-    from models.configs import MODELS
+    from models.registry import MODELS
 
     return MODELS
+
+
+def _fields(model: Any) -> set[str]:
+    return {f.name for f in dataclasses.fields(model)}
+
+
+# ---- the data task -------------------------------------------------------------------------------
+
+IMAGE_DATA = ("digits", "shapes")
+"""``--data`` of image classification: scikit-learn's 8×8 handwritten digits (generated images
+where scikit-learn is not installed), or generated images at the model's size."""
+DIGITS_SHAPE = (8, 1, 10)
+"""Image side, channels and classes of the digits."""
+MASKED_LM_MIN_SEQ = 5
+"""``[CLS] A [SEP] B [SEP]`` with one token in each segment."""
+
+
+def check_task(cfg: TrainConfig, model: Any) -> None:
+    """The data and the sequence fit the family's task (:data:`models.registry.TASKS`)."""
+    from models.registry import task_of
+
+    task = task_of(cfg.model)
+    if task == "image_classification":
+        _check_images(cfg, model)
+        return
+    if cfg.data in IMAGE_DATA:
+        raise ConfigError(
+            f"--data {cfg.data} is an image set, but --model {cfg.model} trains on text ({task}); "
+            "use --data stdlib, synthetic, a text file or a .npy file (./"
+            f"{cfg.data} for a file of that name), or an image model, e.g. --model vit-tiny"
+        )
+    if task == "masked_lm":
+        if cfg.seq_len < MASKED_LM_MIN_SEQ:
+            raise ConfigError(
+                f"--seq-len {cfg.seq_len} is too short for masked LM sequences [CLS] A [SEP] B "
+                f"[SEP]; use --seq-len {MASKED_LM_MIN_SEQ} or more (e.g. 128)"
+            )
+        types, seq = getattr(model, "type_vocab_size", 0), cfg.parallel.seq
+        if types and seq > 1:
+            raise ConfigError(
+                f"model.type_vocab_size={types}: a token's segment is counted from the [SEP] "
+                f"tokens before it, which the sequence split seq={seq} hides from a device; use "
+                "--set model.type_vocab_size=0 or a mesh without seq"
+            )
+
+
+def _check_images(cfg: TrainConfig, model: Any) -> None:
+    if cfg.data not in IMAGE_DATA:
+        raise ConfigError(
+            f"--data {cfg.data}: --model {cfg.model} classifies images; use --data digits "
+            "(scikit-learn's 8×8 handwritten digits) or shapes (generated at the model's size); "
+            f"in Python, TrainConfig.for_model({cfg.model!r}) starts from the family's defaults"
+        )
+    side, channels, classes = DIGITS_SHAPE
+    if cfg.data == "digits" and (
+        model.image_size != side or model.channels != channels or model.num_classes < classes
+    ):
+        raise ConfigError(
+            f"--data digits are {side}×{side}×{channels} images of {classes} classes, but "
+            f"--model {cfg.model} takes {model.image_size}×{model.image_size}×{model.channels} "
+            f"images of {model.num_classes}; use --data shapes (generated at the model's size) "
+            "or --model vit-tiny"
+        )
+    if cfg.seq_len != model.seq_len:
+        g = model.image_size // model.patch_size
+        raise ConfigError(
+            f"--seq-len {cfg.seq_len} does not fit --model {cfg.model}: an image is "
+            f"{model.seq_len} tokens ({g}×{g} patches of {model.patch_size}×{model.patch_size} "
+            f"pixels and the class token); use --seq-len {model.seq_len}"
+        )
 
 
 # ---- tensor split: what each mode divides -------------------------------------------------------
@@ -794,8 +884,13 @@ def check_memory(cfg: TrainConfig, model: Any, capacity: int, sharing: int = 1) 
     need = state_bytes(cfg, model)
     if need * sharing <= capacity:
         return
+    from models.registry import family_of
+
     sized = {
-        name: dataclasses.replace(b, vocab_size=model.vocab_size) for name, b in _models().items()
+        name: (
+            dataclasses.replace(b, vocab_size=model.vocab_size) if "vocab_size" in _fields(b) else b
+        )
+        for name, b in family_of(cfg.model).sizes.items()
     }
     fits = sorted(
         (param_count(b), name)

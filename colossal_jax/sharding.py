@@ -2,7 +2,8 @@
 parameters (by their role) and of optimizer state (with ZeRO).
 
 Every parameter created by the library's layers carries a ``role`` (``weight_in``,
-``weight_out``, ``bias_in``, ``bias_out``, ``norm``, ``embedding``); the active layout maps each
+``weight_out``, ``bias_in``, ``bias_out``, ``norm``, ``embedding``, ``weight_features``,
+``bias_features``); the active layout maps each
 role to a ``PartitionSpec``. Optimizer-state leaves that mirror a parameter (Adam moments, momenta)
 keep that role, so they get the same spec — plus ``data`` under ZeRO-1.
 
@@ -92,6 +93,14 @@ def role_spec(layout: TensorLayout, role: str) -> P:
         return layout.norm_spec()
     if role == "embedding":
         return layout.embedding_spec()
+    if role in ("weight_features", "bias_features"):
+        from colossal_jax.tensor import features
+
+        return (
+            features.weight_spec(layout)
+            if role == "weight_features"
+            else features.bias_spec(layout)
+        )
     raise ValueError(f"parameter role {role!r} has no sharding rule")
 
 

@@ -11,6 +11,7 @@ from colossal_jax.layers.core import (
     SwiGLU,
     cross_entropy,
 )
+from colossal_jax.layers.features import FeatureEmbed
 from colossal_jax.layers.stack import Stack, apply_layers, stacked_filter
 
 
@@ -25,6 +26,7 @@ __all__ = [
     "MLP",
     "Dense",
     "Embed",
+    "FeatureEmbed",
     "LayerNorm",
     "Parallelism",
     "RMSNorm",
