@@ -30,6 +30,7 @@ replicated cotangent around the ring again.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 from collections.abc import Callable, Sequence
 from typing import TypeVar
@@ -38,16 +39,20 @@ import jax
 import jax.numpy as jnp
 
 from colossal_jax import rules
+from colossal_jax.sequence.ring import ring_shift
 from colossal_jax.tensor.kernels import varying, varying_axes_of
-from colossal_jax.tensor.layout import AxisNames
+from colossal_jax.tensor.layout import AxisNames, in_per_stage_branches, per_stage_branches
 
 T = TypeVar("T")
 R = TypeVar("R")
 
 
 def _shift_right(x, axis: AxisNames, n: int):
-    """Send every block (a pytree) one device to the right on the ring of ``axis``."""
-    return jax.lax.ppermute(x, axis, [(i, (i + 1) % n) for i in range(n)])
+    """Send every block (a pytree) one device to the right on the ring of ``axis``: a
+    ``ppermute``, or inside a pipeline stage's branch the all-to-all hop of
+    :func:`colossal_jax.sequence.ring.ring_shift` (XLA's CPU runtime makes a collective-permute
+    wait for every device of the program)."""
+    return ring_shift(x, axis, n)
 
 
 def ring_all_gather(x: T, axis: AxisNames, consume: Callable[[T, jax.Array], R]) -> list[R]:
@@ -111,16 +116,22 @@ def _align(arrays: Sequence[jax.Array], axis: AxisNames) -> list[jax.Array]:
     return [varying(a, tuple(sorted(union))) for a in arrays]
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(2,))
-def _matmul_all_reduce(x, w, axis):
+def _branches(inside: bool):
+    """Trace as inside per-stage branches where the forward pass was (a backward rule is traced
+    later, outside the forward's context), so both passes hop the same way."""
+    return per_stage_branches() if inside else contextlib.nullcontext()
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(2, 3))
+def _matmul_all_reduce(x, w, axis, branches):
     return _row_product(x, w, axis, jax.lax.axis_size(axis))
 
 
-def _matmul_all_reduce_fwd(x, w, axis):
-    return _matmul_all_reduce(x, w, axis), (x, w)
+def _matmul_all_reduce_fwd(x, w, axis, branches):
+    return _matmul_all_reduce(x, w, axis, branches), (x, w)
 
 
-def _matmul_all_reduce_bwd(axis, res, dy):
+def _matmul_all_reduce_bwd(axis, branches, res, dy):
     x, w = res
     return dy @ w.T, jnp.einsum("...k,...n->kn", x, dy)
 
@@ -136,21 +147,22 @@ def matmul_all_reduce(x: jax.Array, w: jax.Array, axis: AxisNames) -> jax.Array:
     pass moves nothing (the output cotangent is replicated over ``axis``). Memory: the ``M·N/n``
     accumulator and partial block instead of the ``M·N`` partial product."""
     x, w = _align([x, w], axis)
-    return _matmul_all_reduce(x, w, axis)
+    return _matmul_all_reduce(x, w, axis, in_per_stage_branches())
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(2,))
-def _column_matmuls(x, ws, axis):
+@functools.partial(jax.custom_vjp, nondiff_argnums=(2, 3))
+def _column_matmuls(x, ws, axis, branches):
     return [x @ w for w in ws]
 
 
-def _column_matmuls_fwd(x, ws, axis):
-    return _column_matmuls(x, ws, axis), (x, ws)
+def _column_matmuls_fwd(x, ws, axis, branches):
+    return _column_matmuls(x, ws, axis, branches), (x, ws)
 
 
-def _column_matmuls_bwd(axis, res, dys):
+def _column_matmuls_bwd(axis, branches, res, dys):
     x, ws = res
-    dx = _column_input_grad(dys, ws, axis, jax.lax.axis_size(axis))
+    with _branches(branches):
+        dx = _column_input_grad(dys, ws, axis, jax.lax.axis_size(axis))
     return dx, [jnp.einsum("...n,...k->nk", x, dy) for dy in dys]
 
 
@@ -164,4 +176,4 @@ def column_matmuls(x: jax.Array, ws: list[jax.Array], axis: AxisNames) -> list[j
     over ``N/n`` row blocks of the weights (each step ``Σ dy @ w[block]ᵀ``) and an all-gather:
     ``2·M·N·(n−1)/n``, as the plain kernel's one all-reduce."""
     aligned = _align([x, *ws], axis)
-    return _column_matmuls(aligned[0], aligned[1:], axis)
+    return _column_matmuls(aligned[0], aligned[1:], axis, in_per_stage_branches())
