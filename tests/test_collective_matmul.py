@@ -78,7 +78,11 @@ def _run(name: str, collective_matmul: bool):
 def test_equals_plain_kernels_in_values_gradients_and_bytes(name):
     plain_out, plain_grads, plain = _run(name, False)
     out, grads, cm = _run(name, True)
-    for got, want in zip(jax.tree.leaves((out, grads)), jax.tree.leaves((plain_out, plain_grads))):
+    got_leaves, want_leaves = (
+        jax.tree.leaves((out, grads)),
+        jax.tree.leaves((plain_out, plain_grads)),
+    )
+    for got, want in zip(got_leaves, want_leaves, strict=True):
         np.testing.assert_allclose(np.asarray(got), np.asarray(want), **TOL)
     assert cm.total_bytes == plain.total_bytes, (cm.by_op(), plain.by_op())
     # the bytes that left the gathers / scatters / all-reduces travel as ring permutes instead
@@ -100,7 +104,9 @@ def test_ring_inside_pipeline_stage_branches():
     cot = _rand(33, (2, B, S, H))
 
     def stage(i: int):
-        return lambda x, wi, wo: lay.linear(lay.linear(x, wi, None, "in") * (i + 1), wo, None, "out")
+        return lambda x, wi, wo: lay.linear(
+            lay.linear(x, wi, None, "in") * (i + 1), wo, None, "out"
+        )
 
     def loss(x, w_in, w_out, cot):
         with per_stage_branches():
@@ -137,6 +143,26 @@ def test_training_steps_equal_with_the_flag_off():
     ]
     off, on = (losses(c) for c in cfgs)
     np.testing.assert_allclose(on, off, rtol=1e-5)
+
+
+RING = "source_target_pairs={{0,1},{1,2},{2,3},{3,0}}"
+PAIR = "(f32[4,8]{1,0}, f32[16]{0})"
+PERMUTES = f"""HloModule m, num_partitions=4
+
+ENTRY %main (a: f32[4,8], b: f32[16]) -> f32[4,8] {{
+  %s = ({PAIR}, {PAIR}, u32[], u32[]) collective-permute-start(%a, %b), channel_id=1, {RING}
+  %d = {PAIR} collective-permute-done(%s)
+  %t = {PAIR} collective-permute(%a, %b), channel_id=2, {RING}
+  ROOT %r = f32[4,8]{{1,0}} copy(%a)
+}}
+"""
+
+
+def test_hlo_reader_counts_combined_permutes():
+    """A permute of several operands (async or not) moves every operand once."""
+    r = analyze(PERMUTES)
+    assert r.by_op() == {"collective-permute": 2 * (4 * 8 + 16) * 4}
+    assert r.count_by_op() == {"collective-permute": 2}
 
 
 def test_rule_needs_a_tensor_mode():
