@@ -90,7 +90,7 @@ def main(argv=None) -> int:
                     t = step_time(metrics, args.skip)
                     records.append({"mode": mode, "collective_matmul": flag, "run": r, "step_s": t})
                     print(f"{mode:5} {flag:3} run {r}: median step {t * 1e3:8.1f} ms", flush=True)
-    print(f"\n| mode | off: median step (ms) | on: median step (ms) | on / off | runs each |")
+    print("\n| mode | off: median step (ms) | on: median step (ms) | on / off | runs each |")
     print("|---|---|---|---|---|")
     for mode in modes:
         med = {

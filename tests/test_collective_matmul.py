@@ -15,6 +15,7 @@ import pytest
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
+from colossal_jax import cli
 from colossal_jax.config import ConfigError, ParallelConfig
 from colossal_jax.hlo import analyze
 from colossal_jax.mesh import build_mesh
@@ -165,7 +166,14 @@ def test_hlo_reader_counts_combined_permutes():
     assert r.count_by_op() == {"collective-permute": 2}
 
 
-def test_rule_needs_a_tensor_mode():
+def test_flag_and_rule():
+    """``--collective-matmul on|off`` sets the field (default off), which the layout reads; the
+    rule refuses it without a tensor mode."""
+    parser = cli.build_parser()
+    base = ["--mesh", "tensor=8", "--tensor-mode", "1d"]
+    on = cli.config_from_args(parser.parse_args([*base, "--collective-matmul", "on"]), 8)
+    assert on.parallel.collective_matmul is True
+    assert cli.config_from_args(parser.parse_args(base), 8).parallel.collective_matmul is False
+    assert make_layout(on.parallel, build_mesh(on.parallel, jax.devices())).collective_matmul
     with pytest.raises(ConfigError, match="--collective-matmul on .* --tensor-mode is none"):
         ParallelConfig(data=8, collective_matmul=True).validate(8)
-    ParallelConfig(tensor_row=8, tensor_mode="1d", collective_matmul=True).validate(8)

@@ -5,7 +5,11 @@ Large Deep Learning Models", ASPLOS '23, doi 10.1145/3567955.3567959).
 
 Run *inside* ``jax.shard_map``. Two schedules over a ring of ``n`` devices along ``axis``, each
 ``n − 1`` permutes of one block to the next device, written as unrolled Python loops so the
-schedule reads top to bottom (and XLA may run each permute under the matmul beside it):
+schedule reads top to bottom (and XLA may run each permute under the matmul beside it). A hop is
+:func:`colossal_jax.sequence.ring.ring_shift`, ring attention's: a ``ppermute``, except inside a
+pipeline stage's branch, where XLA's CPU runtime would make a collective-permute wait for the
+devices of the other stages; there it is an all-to-all (the same bytes at ``n = 2``, ``n − 1``
+times the permute's at larger ``n``).
 
 - :func:`ring_all_gather` replaces ``all_gather(x) → matmul``. Step ``s`` multiplies the block a
   device holds (its own at ``s = 0``, then the one it received from its left neighbour) while the
@@ -47,14 +51,6 @@ T = TypeVar("T")
 R = TypeVar("R")
 
 
-def _shift_right(x, axis: AxisNames, n: int):
-    """Send every block (a pytree) one device to the right on the ring of ``axis``: a
-    ``ppermute``, or inside a pipeline stage's branch the all-to-all hop of
-    :func:`colossal_jax.sequence.ring.ring_shift` (XLA's CPU runtime makes a collective-permute
-    wait for every device of the program)."""
-    return ring_shift(x, axis, n)
-
-
 def ring_all_gather(x: T, axis: AxisNames, consume: Callable[[T, jax.Array], R]) -> list[R]:
     """``[consume(block_j, j) for every device j of the ring]``, in ring order from this device's
     own block: ``x`` (a pytree of blocks) goes round the ring of ``axis`` and each block is used
@@ -64,7 +60,7 @@ def ring_all_gather(x: T, axis: AxisNames, consume: Callable[[T, jax.Array], R])
     out = []
     block = x
     for step in range(n):
-        incoming = _shift_right(block, axis, n) if step < n - 1 else None
+        incoming = ring_shift(block, axis, n) if step < n - 1 else None
         out.append(consume(block, (me - step) % n))
         block = incoming
     return out
@@ -77,7 +73,7 @@ def ring_reduce_scatter(partial: Callable[[jax.Array], T], axis: AxisNames) -> T
     me = jax.lax.axis_index(axis)
     acc = partial((me - 1) % n)
     for step in range(1, n):
-        acc = jax.tree.map(jnp.add, _shift_right(acc, axis, n), partial((me - 1 - step) % n))
+        acc = jax.tree.map(jnp.add, ring_shift(acc, axis, n), partial((me - 1 - step) % n))
     return acc
 
 
