@@ -129,7 +129,7 @@ def _matmul_all_reduce_fwd(x, w, axis, branches):
 
 def _matmul_all_reduce_bwd(axis, branches, res, dy):
     x, w = res
-    return dy @ w.T, jnp.einsum("...k,...n->kn", x, dy)
+    return (dy @ w.T).astype(x.dtype), jnp.einsum("...k,...n->kn", x, dy).astype(w.dtype)
 
 
 _matmul_all_reduce.defvjp(_matmul_all_reduce_fwd, _matmul_all_reduce_bwd)
@@ -159,7 +159,10 @@ def _column_matmuls_bwd(axis, branches, res, dys):
     x, ws = res
     with _branches(branches):
         dx = _column_input_grad(dys, ws, axis, jax.lax.axis_size(axis))
-    return dx, [jnp.einsum("...n,...k->nk", x, dy) for dy in dys]
+    dws = [
+        jnp.einsum("...n,...k->nk", x, dy).astype(w.dtype) for w, dy in zip(ws, dys, strict=True)
+    ]
+    return dx.astype(x.dtype), dws
 
 
 _column_matmuls.defvjp(_column_matmuls_fwd, _column_matmuls_bwd)
