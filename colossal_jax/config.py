@@ -60,7 +60,7 @@ class ParallelConfig:
       collective_matmul: run the tensor linears' all-gathers and reduce-scatters (1D: the
         all-reduces) as ``ppermute`` rings interleaved with partial matmuls (Wang et al. 2023;
         docs/performance.md); same values and bytes, needs a tensor mode. Off by default: on a
-        simulated CPU mesh it measured slower.
+        simulated CPU mesh it did not measure faster (docs/performance.md).
     """
 
     data: int = 1

@@ -15,14 +15,16 @@ times the permute's at larger ``n``).
   device holds (its own at ``s = 0``, then the one it received from its left neighbour) while the
   block moves on. Communication: ``(n−1)`` blocks, as the all-gather's ``R·(n−1)/n``. Memory: two
   blocks in flight instead of the gathered ``R`` (autodiff keeps all ``n`` for the backward pass,
-  as it keeps the gathered operand). The transpose of a permute is the permute the other way, so
+  as it keeps the gathered operand; what XLA allocates is its buffer assignment's choice, see
+  docs/performance.md). The transpose of a permute is the permute the other way, so
   ``jax.grad`` of this ring is the reduce-scatter ring below running in reverse: no all-gather.
 - :func:`ring_reduce_scatter` replaces ``matmul → psum_scatter``. Step ``s`` computes this
   device's partial product of the block that is ``n − 1 − s`` hops from home, adds it to the
   accumulator received from the left and passes the sum on; after ``n − 1`` permutes each device
-  holds its own block, fully summed. Communication: ``(n−1)`` blocks of ``r``, the reduce-scatter's
-  ``r·(n−1)``. Memory: one accumulator and one partial block ``r`` instead of the ``n·r`` partial
-  product. Its transpose is the all-gather ring in reverse.
+  holds its own block, fully summed. Communication: ``(n−1)`` blocks of ``r``, the
+  reduce-scatter's ``r·(n−1)``. Memory: one accumulator and one partial block ``r`` instead of
+  the ``n·r`` partial product (likewise the algorithm's, not a measured allocation). Its
+  transpose is the all-gather ring in reverse.
 
 :func:`matmul_all_reduce` and :func:`column_matmuls` are Megatron 1D's two linears with the
 all-reduce written as the reduce-scatter ring followed by an all-gather (same bytes as the

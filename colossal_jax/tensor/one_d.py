@@ -15,8 +15,9 @@ Collective matmul (``--collective-matmul on``; Wang et al. 2023, ASPLOS): each a
 run as a reduce-scatter ring over ``N/p`` column blocks, every step one partial matmul, then an
 all-gather (:func:`~colossal_jax.tensor.collective_matmul.matmul_all_reduce`,
 :func:`~colossal_jax.tensor.collective_matmul.column_matmuls`): the same ``2·M·N·(p−1)/p``
-elements per all-reduce, ``p−1`` permutes of ``M·N/p`` plus one all-gather; the transient
-partial product falls from ``M·N`` to ``M·N/p``.
+elements per all-reduce, ``p−1`` permutes of ``M·N/p`` plus one all-gather; the algorithm's
+transient partial product falls from ``M·N`` to ``M·N/p`` (XLA's CPU allocation shows no saving:
+docs/performance.md).
 """
 
 from __future__ import annotations

@@ -25,8 +25,8 @@ so one of them is decomposed — the larger, compared by width (both act on ``M/
 ``s`` computes the partial product of the batch block in flight and adds it to the accumulator
 passed on; otherwise (MLP down) the input gather, as a ring over the gather axis whose step
 computes the product of the batch block it holds. ``W`` is all-gathered over ``i`` as before.
-Same elements per device; the transient partial product falls from ``M·K/q²`` to two
-``M·K/q³`` blocks (reduce-scatter ring), or the gathered input from ``M·N/q²`` to two blocks
+Same elements per device; the algorithm's transient partial product falls from ``M·K/q²`` to
+two ``M·K/q³`` blocks (reduce-scatter ring), or the gathered input from ``M·N/q²`` to two blocks
 (gather ring; autodiff keeps the ``q`` blocks for the backward pass). The backward pass of
 each ring is its transpose, the other ring in reverse, again one partial matmul per step.
 """

@@ -18,9 +18,9 @@ the contraction, so ``Y = Σ_j X_j·W_j`` over the ``q`` hidden blocks. The larg
 gathered operands goes round its ring (``X`` over ``c``, or ``W`` over ``r``) and each step adds
 one partial product ``X_j·W_j`` with the matching block of the other, which is all-gathered as
 before. Same elements per device, ``(q−1)`` permutes of the ringed block instead of its
-all-gather; the transient gathered block of the ringed operand falls to two blocks in flight
-(autodiff keeps the ``q`` blocks for the backward pass, whose ring — the transpose — is the
-reduce-scatter of that operand's gradient, each step one partial matmul).
+all-gather; the algorithm's transient gathered block of the ringed operand falls to two blocks
+in flight (autodiff keeps the ``q`` blocks for the backward pass, whose ring — the transpose —
+is the reduce-scatter of that operand's gradient, each step one partial matmul).
 
 2.5D (:mod:`colossal_jax.tensor.two_p5d`) is this layout with ``d`` stacked grids.
 """
