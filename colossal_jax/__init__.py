@@ -42,6 +42,8 @@ _LAZY = {  # name -> module holding it (imports JAX when first used)
     "model_config": "models.gpt",
     "GPTConfig": "models.gpt",
     "GPT": "models.gpt",
+    "Sampler": "colossal_jax.generate",
+    "Sampling": "colossal_jax.generate",
 }
 
 __all__ = [
@@ -52,6 +54,8 @@ __all__ = [
     "OptimConfig",
     "ParallelConfig",
     "Run",
+    "Sampler",
+    "Sampling",
     "Summary",
     "TrainConfig",
     "TrainResult",
@@ -67,6 +71,7 @@ __all__ = [
 ]
 
 if TYPE_CHECKING:  # pragma: no cover
+    from colossal_jax.generate import Sampler, Sampling
     from colossal_jax.mesh import build_mesh
     from colossal_jax.train import (
         Run,

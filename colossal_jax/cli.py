@@ -67,6 +67,7 @@ EXAMPLES = {  # a valid value for each flag whose default does not show one
     "--process-id": "0",
     "--peer-timeout": "120",
     "--collective-matmul": "on",
+    "--init-from-hf": "/path/to/gpt2_save_pretrained_dir",
 }
 
 
@@ -259,6 +260,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     a("--metrics-file", default=None, help="JSON lines, one record per step")
     a("--tensorboard-dir", default=None, help="write TensorBoard event files here")
+    a(
+        "--init-from-hf",
+        default=None,
+        metavar="DIR",
+        help="initialise the parameters from a Hugging Face save_pretrained directory (GPT-2); "
+        "its config.json sets the architecture (docs/huggingface.md)",
+    )
     a("--checkpoint-dir", default=None, help="save here; re-run the same command to resume")
     a(
         "--checkpoint-every",
@@ -502,6 +510,7 @@ def config_from_args(args, n_devices: int) -> TrainConfig:
         tensorboard_dir=args.tensorboard_dir,
         eval_every=args.eval_every,
         peak_tflops=args.peak_tflops,
+        init_from_hf=args.init_from_hf,
         optim=optim,
         parallel=parallel,
     )
@@ -545,6 +554,10 @@ def _init_distributed(args, cluster: str | None) -> None:
     # timeout after a peer's death): three times the watchdog's timeout, so that a peer lost
     # during a step is reported by the watchdog's one line
     timeout = max(1, math.ceil(3 * args.peer_timeout))
+    # JAX's preemption service takes SIGTERM over in C++ (for reached_preemption_sync_point),
+    # so Python's handler would never see it. The steps carry every process's stop flag instead
+    # (train.stop_flags): one mechanism for SIGINT and SIGTERM, agreed at the same step by all.
+    jax.config.update("jax_enable_preemption_service", False)
     if cluster is not None:
         print(f"cluster: {cluster}; jax.distributed.initialize() detects the rest", file=sys.stderr)
         jax.distributed.initialize(heartbeat_timeout_seconds=timeout)
@@ -555,6 +568,7 @@ def _init_distributed(args, cluster: str | None) -> None:
             process_id=args.process_id,
             heartbeat_timeout_seconds=timeout,
         )
+    signals.install()  # again, in case the runtime replaced a handler
     watchdog.start(args.peer_timeout, exit_code=PEER_LOST_EXIT)
 
 
@@ -621,7 +635,12 @@ def run() -> None:
     :func:`main`, then exit with its status. (``main`` alone, as tests call it, leaves the
     handlers of the calling program alone.)"""
     signals.install()
-    sys.exit(main())
+    code = main()
+    # Python's finalisation resets its own signal handlers to the default action before JAX's
+    # and orbax's teardown ends, so a Ctrl-C there would kill the finished process by signal;
+    # the run is over and its status decided, so ignore the two signals from here on
+    signals.ignore()
+    sys.exit(code)
 
 
 if __name__ == "__main__":

@@ -370,6 +370,10 @@ class TrainConfig:
       eval_batches: held-out batches (of ``batch_size`` sequences) each evaluation averages.
       peak_tflops: peak dense bf16 TFLOP/s per device for MFU where the built-in table lacks the
         device (``None``: the table's figure, or MFU not reported).
+      init_from_hf: a Hugging Face ``save_pretrained`` directory whose weights initialise the
+        parameters (placed straight into their shardings; :mod:`colossal_jax.hf`). Its
+        ``config.json`` sets the architecture (``model_overrides`` may not contradict it) and
+        must be of ``model``'s family; a checkpoint to resume from wins over it.
     """
 
     model: str = "gpt2-tiny"
@@ -395,6 +399,7 @@ class TrainConfig:
     eval_every: int = 50
     eval_batches: int = 4
     peak_tflops: float | None = None
+    init_from_hf: str | None = None
     optim: OptimConfig = field(default_factory=OptimConfig)
     parallel: ParallelConfig = field(default_factory=ParallelConfig)
 

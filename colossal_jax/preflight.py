@@ -294,8 +294,10 @@ def check_resume(cfg, architecture=architecture) -> None:
             before = architecture(saved["model"], sized)
     except (ValueError, KeyError, TypeError, AttributeError):
         return  # not ours to judge; the restore reports it
+    from colossal_jax.rules import model_overrides
+
     try:
-        now = architecture(cfg.model, _sized_for_data(cfg.model_overrides, cfg.data))
+        now = architecture(cfg.model, _sized_for_data(model_overrides(cfg), cfg.data))
     except (ValueError, TypeError, KeyError):
         return  # a bad model override or data file; building the model reports it
     where = f"--checkpoint-dir {cfg.checkpoint_dir} holds step {step} of a run with"

@@ -21,7 +21,10 @@ whole run before JAX starts. Topics, in the order :func:`check_config` applies t
 - the run: sequence length against the model, batch shards, sequence split, pipeline chunks and
   microbatches, Ulysses heads, the tensor mode's divisibility of hidden/mlp/heads/vocab, learned
   positions (:func:`check_run`, :func:`tensor_split`, :func:`batch_shards`);
-- memory: the training-state floor against a capacity (:func:`check_memory`).
+- memory: the training-state floor against a capacity (:func:`check_memory`);
+- initialisation from a Hugging Face directory: its family, the options our model computes, its
+  weights, and ``--set model.*`` against its architecture (:func:`check_init_from_hf`,
+  :func:`model_overrides`).
 
 Later features add their rules here: a new function in the matching topic (or a new topic) that
 raises ``ConfigError`` with the flag, the bad value and an example that works, called from the
@@ -290,6 +293,7 @@ def check_train(cfg: TrainConfig) -> None:
     check_keep_checkpoints(cfg.keep_checkpoints)
     _check_run_fields(cfg)
     check_axes_for_modes(par)
+    check_init_from_hf(cfg)
 
 
 def check_keep_checkpoints(keep: int) -> None:
@@ -461,13 +465,21 @@ def _near(x: int, candidates: list[int]) -> list[int]:
 
 
 def resolve_model(cfg: TrainConfig, data_vocab: int | None) -> Any:
-    """The model config (a GPTConfig): the named one, the data's vocabulary, then
-    ``--set model.*``; an unknown name or field is a ConfigError."""
+    """The model config (a GPTConfig): the named one, the architecture of ``--init-from-hf``
+    (if given) or else the data's vocabulary, then ``--set model.*``; an unknown name or field
+    is a ConfigError."""
     from models.configs import model_config
 
-    overrides = dict(cfg.model_overrides)
+    overrides = model_overrides(cfg)
     if data_vocab is not None and "vocab_size" not in overrides:
         overrides["vocab_size"] = data_vocab
+    if cfg.init_from_hf is not None and data_vocab is not None:
+        if data_vocab > overrides["vocab_size"]:
+            raise ConfigError(
+                f"--data {cfg.data} has token ids up to {data_vocab - 1}, but the model of "
+                f"--init-from-hf {cfg.init_from_hf} has a vocabulary of "
+                f"{overrides['vocab_size']}; use data tokenized for that model"
+            )
     try:
         return model_config(cfg.model, **overrides)
     except KeyError as e:
@@ -587,9 +599,14 @@ def check_run(cfg: TrainConfig, model: Any) -> None:
     """Every divisibility the mesh and modes need of the batch, the sequence and the model."""
     par = cfg.parallel
     if cfg.seq_len > model.block_size:
+        fix = (
+            f"(n_positions of --init-from-hf {cfg.init_from_hf})"
+            if cfg.init_from_hf is not None
+            else f"or --set model.block_size={cfg.seq_len}"
+        )
         raise ConfigError(
             f"--seq-len {cfg.seq_len} exceeds the model's block_size {model.block_size}; use "
-            f"--seq-len {model.block_size} or --set model.block_size={cfg.seq_len}"
+            f"--seq-len {model.block_size} {fix}"
         )
     split = batch_shards(par)
     if cfg.batch_size % split:
@@ -761,3 +778,119 @@ def check_memory(cfg: TrainConfig, model: Any, capacity: int, sharing: int = 1) 
         f"state on the mesh {cfg.parallel.short()}, but {where}; use {alternative}, more tensor "
         "parallelism, or --zero 3"
     )
+
+
+# ---- initialisation from a Hugging Face directory -----------------------------------------------
+
+
+def hf_overrides(cfg: TrainConfig) -> dict[str, Any]:
+    """The model fields the ``config.json`` of ``--init-from-hf DIR`` sets ({} without it), once
+    the directory passes :func:`check_hf_directory`."""
+    if cfg.init_from_hf is None:
+        return {}
+    family, config = check_hf_directory(cfg.init_from_hf, cfg.model)
+    try:
+        return family.overrides(config)
+    except (ValueError, TypeError) as e:
+        raise ConfigError(f"--init-from-hf {cfg.init_from_hf}: {e}") from None
+
+
+def check_hf_directory(directory: str, model: str) -> tuple[Any, dict[str, Any]]:
+    """``(family module, config.json)`` of a Hugging Face directory that our model ``model``
+    (``--model``) can load: a mapped ``model_type`` of ``model``'s family, every option our
+    model computes alike (``SUPPORTED`` of the family), and a weight file."""
+    from pathlib import Path
+
+    from colossal_jax import hf
+
+    flag = f"--init-from-hf {directory}"
+    config = hf.read_config(directory)
+    model_type = config.get("model_type")
+    if model_type not in hf.FAMILIES:
+        raise ConfigError(
+            f"{flag} holds a {model_type!r} model (config.json model_type); the mapped families "
+            f"are {', '.join(hf.FAMILIES)}"
+        )
+    family = hf.family(model_type)
+    models = _models()
+    base = models.get(model)
+    if base is not None and type(base).__name__ != family.CONFIG_CLASS:
+        same = [n for n, m in models.items() if type(m).__name__ == family.CONFIG_CLASS]
+        raise ConfigError(
+            f"{flag} holds a {model_type} model but --model {model} is a "
+            f"{type(base).__name__}; use a --model of that family"
+            + (f", e.g. --model {same[0]} (the sizes come from the directory)" if same else "")
+        )
+    for key, (allowed, default) in family.SUPPORTED.items():
+        value = config.get(key, default)
+        if value not in allowed:
+            raise ConfigError(
+                f"{flag}: config.json has {key}={value!r}, which our model does not compute; "
+                f"it supports {' or '.join(repr(a) for a in allowed)}"
+            )
+    if not any((Path(directory) / name).is_file() for name in hf.WEIGHT_FILES):
+        raise ConfigError(
+            f"{flag} has config.json but no weights (none of {', '.join(hf.WEIGHT_FILES)}); "
+            "save the model with save_pretrained"
+        )
+    return family, config
+
+
+def model_overrides(cfg: TrainConfig) -> dict[str, Any]:
+    """The model fields of the run: the architecture of ``--init-from-hf`` (if given) with
+    ``--set model.*`` on top, which may add to it but not contradict it."""
+    from_hf = hf_overrides(cfg)
+    for key, value in cfg.model_overrides.items():
+        if key in from_hf and from_hf[key] != value:
+            raise ConfigError(
+                f"--set model.{key}={value} contradicts --init-from-hf {cfg.init_from_hf}, whose "
+                f"config.json gives {key}={from_hf[key]}; drop --set model.{key} (the directory "
+                "sets the architecture)"
+            )
+    return {**from_hf, **cfg.model_overrides}
+
+
+def check_init_from_hf(cfg: TrainConfig) -> None:
+    """``--init-from-hf DIR``: a directory our ``--model``'s family loads, whose architecture
+    ``--set model.*`` does not contradict (:func:`model_overrides`)."""
+    if cfg.init_from_hf is not None:
+        model_overrides(cfg)
+
+
+# ---- sampling (scripts/generate.py) -------------------------------------------------------------
+
+
+def check_sampling(
+    *,
+    prompt_tokens: int,
+    max_new_tokens: int,
+    temperature: float,
+    top_k: int | None,
+    num_samples: int,
+    vocab_size: int,
+    prompt_vocab: int,
+) -> None:
+    """The sampling flags of ``scripts/generate.py`` against the model's vocabulary."""
+    if prompt_tokens < 1:
+        raise ConfigError("--prompt is empty; give at least one character, e.g. --prompt 'def '")
+    if max_new_tokens < 1:
+        raise ConfigError(
+            f"--max-new-tokens {max_new_tokens} must be at least 1 (e.g. --max-new-tokens 200)"
+        )
+    if not (math.isfinite(temperature) and temperature >= 0):
+        raise ConfigError(
+            f"--temperature {temperature} must be a finite number ≥ 0 (0: greedy); e.g. "
+            "--temperature 0.8"
+        )
+    if top_k is not None and not 1 <= top_k <= vocab_size:
+        raise ConfigError(
+            f"--top-k {top_k} must be between 1 and the vocabulary size {vocab_size}; e.g. "
+            "--top-k 40, or omit it"
+        )
+    if num_samples < 1:
+        raise ConfigError(f"--num-samples {num_samples} must be at least 1 (e.g. --num-samples 1)")
+    if prompt_vocab > vocab_size:
+        raise ConfigError(
+            f"--prompt encodes to byte ids up to {prompt_vocab - 1}, beyond the model's "
+            f"vocabulary of {vocab_size}; use a prompt of characters the model was trained on"
+        )

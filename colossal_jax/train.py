@@ -25,6 +25,7 @@ import numpy as np
 import optax
 from flax import nnx
 from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
 
 from colossal_jax import signals, watchdog
 from colossal_jax.checkpoint import Checkpointer, abstract_like
@@ -219,8 +220,14 @@ def to_device(tree: Any, device_shardings: Any, shardings: Any) -> Any:
 
 
 def init_state(run: Run) -> tuple[Any, Any]:
-    """Parameters and optimizer state, created directly in their shardings."""
+    """Parameters and optimizer state, created directly in their shardings (with
+    ``init_from_hf``: the parameters read from that Hugging Face directory into them)."""
     model_cfg, seed = run.model, run.cfg.seed
+    if run.cfg.init_from_hf is not None:
+        from colossal_jax.hf.load import load_params
+
+        params = load_params(run)
+        return params, jax.jit(run.tx.init, out_shardings=run.opt_shardings)(params)
 
     def init():
         params = nnx.state(GPT(model_cfg, rngs=nnx.Rngs(seed)))
@@ -369,13 +376,14 @@ def make_train_step(run: Run) -> Callable:
         return _jit_step(run, _loss_scaled_step(run, value_and_grad))
 
     def step(params, opt_state, batch):
+        batch, stop = _split_stop(batch)
         params = to_device(params, run.device_param_shardings, run.param_shardings)
         opt_state = to_device(opt_state, run.device_opt_shardings, run.opt_shardings)
         loss, grads = value_and_grad(params, batch)
         grad_norm = optax.tree.norm(grads)
         updates, opt_state = run.tx.update(grads, opt_state, params)
         params = optax.apply_updates(params, updates)
-        return params, opt_state, {"loss": loss, "grad_norm": grad_norm}
+        return params, opt_state, {"loss": loss, "grad_norm": grad_norm, "stop": stop}
 
     return _jit_step(run, step)
 
@@ -386,6 +394,7 @@ def _loss_scaled_step(run: Run, value_and_grad: Callable) -> Callable:
     from colossal_jax import loss_scale as ls
 
     def step(params, opt_state, batch):
+        batch, stop = _split_stop(batch)
         params = to_device(params, run.device_param_shardings, run.param_shardings)
         opt_state = to_device(opt_state, run.device_opt_shardings, run.opt_shardings)
         scale_state = opt_state.loss_scale
@@ -402,6 +411,7 @@ def _loss_scaled_step(run: Run, value_and_grad: Callable) -> Callable:
             "grad_norm": grad_norm,
             "loss_scale": scale_state.scale,
             "skipped_steps": new_scale.skipped,
+            "stop": stop,
         }
         return params, opt_state, metrics
 
@@ -411,6 +421,7 @@ def _loss_scaled_step(run: Run, value_and_grad: Callable) -> Callable:
 def _jit_step(run: Run, step: Callable) -> Callable:
     """``step`` jitted in the run's shardings, parameters and optimizer state donated."""
     batch_shardings = {k: run.batch_sharding for k in ("tokens", "targets", "positions", "weights")}
+    batch_shardings["stop"] = stop_sharding(run.mesh)
     return jax.jit(
         step,
         in_shardings=(run.param_shardings, run.opt_shardings, batch_shardings),
@@ -419,9 +430,33 @@ def _jit_step(run: Run, step: Callable) -> Callable:
     )
 
 
+def _split_stop(batch: dict[str, jax.Array]) -> tuple[dict[str, jax.Array], jax.Array]:
+    """``(the model's batch, the largest stop flag of any process)`` — see :func:`stop_flags`."""
+    batch = dict(batch)
+    return batch, jnp.max(batch.pop("stop"))
+
+
+def stop_sharding(mesh: jax.sharding.Mesh) -> NamedSharding:
+    """One element per device: ``[mesh.size]`` split over every mesh axis."""
+    return NamedSharding(mesh, P(tuple(mesh.axis_names)))
+
+
+def stop_flags(mesh: jax.sharding.Mesh) -> jax.Array:
+    """This process's stop request on each of its devices: the number of the SIGINT/SIGTERM it
+    received (:mod:`colossal_jax.signals`), 0 if none. The step returns the largest flag of any
+    device as its ``stop`` metric, so the processes of a multi-process run learn of a signal that
+    any one of them received at the same step, and stop and save together."""
+    flag = signals.received() or 0
+    host = np.full((mesh.size,), int(flag), np.int32)
+    return jax.make_array_from_callback(host.shape, stop_sharding(mesh), lambda idx: host[idx])
+
+
 def global_batch(run: Run, step: int) -> dict[str, jax.Array]:
-    """The batch of ``step`` as global arrays; each process builds only its addressable shards."""
-    return _place(run, run.batches.batch(step))
+    """The batch of ``step`` as global arrays (each process builds only its addressable shards)
+    with this process's :func:`stop_flags` under ``"stop"``."""
+    batch = _place(run, run.batches.batch(step))
+    batch["stop"] = stop_flags(run.mesh)
+    return batch
 
 
 def _place(run: Run, host: dict[str, np.ndarray]) -> dict[str, jax.Array]:
@@ -449,6 +484,8 @@ class Summary:
       losses: training loss of every step this call ran; first_loss, final_loss its ends.
       tokens_per_s, mfu: throughput (MFU None where the device's peak is unknown).
       compile_s, wall_s: compile time of the train step; wall time of the whole call.
+      loop_s: wall time of the step loop, without its evaluations and checkpoint saves (the
+        harness's time outside the compiled step is ``loop_s`` less the steps' own time).
       eval_losses: ``(step, held-out loss)`` of every evaluation (step 0: before training);
         first_eval_loss, final_eval_loss: its ends (None when evaluation is off).
       params, opt_state: the final parameters (an ``nnx.State``) and optimizer state, as arrays
@@ -466,6 +503,7 @@ class Summary:
     mfu: float | None
     compile_s: float
     wall_s: float
+    loop_s: float = 0.0
     eval_losses: list[tuple[int, float]] = field(default_factory=list)
     first_eval_loss: float | None = None
     final_eval_loss: float | None = None
@@ -513,6 +551,8 @@ def train(
             f"{cfg.optim.name} lr={cfg.optim.lr} precision={cfg.precision}"
         )
 
+        if cfg.init_from_hf is not None:
+            log(f"init: the weights of {cfg.init_from_hf} (a checkpoint to resume wins)")
         if cfg.parallel.zero >= 1 and (rest := replicated_leftovers(run)):
             log(
                 f"ZeRO-{cfg.parallel.zero}: {len(rest)} parameter(s) have no dimension divisible "
@@ -601,6 +641,62 @@ def _train(
     losses: list[float] = []
     timed_tokens, timed_seconds = 0, 0.0
     step = start_step
+    agreed_signal = 0  # the largest stop flag of any process, once one is seen
+    last_done = 0.0  # when the host last saw a step's results
+    paused = 0.0  # seconds of the loop spent in evaluation and checkpoint saves
+
+    def finish(at: int, out: dict, dispatched: float) -> None:
+        """Read step ``at``'s metrics (waiting for it), check them, log them."""
+        nonlocal timed_tokens, timed_seconds, last_done, agreed_signal
+        host = jax.device_get(out)
+        now = time.perf_counter()
+        dt = now - max(last_done, dispatched)  # back to back: the interval between results
+        last_done = now
+        loss = float(host["loss"])
+        losses.append(loss)
+        timed_tokens += tokens_per_step
+        timed_seconds += dt
+        tps = tokens_per_step / dt
+        record = {
+            "step": at,
+            "loss": loss,
+            "lr": float(lr_at(at - 1)),
+            "grad_norm": float(host["grad_norm"]),
+            "step_time_s": dt,
+            "tokens_per_s": tps,
+            "mfu": flops_per_step / dt / (peak * n_dev) if peak else None,
+        }
+        for key in ("loss_scale", "skipped_steps"):
+            if key in host:
+                record[key] = host[key].item()
+        bad = guard.check(loss, record["grad_norm"], record.get("skipped_steps"))
+        if bad is not None:
+            writer.write(record)  # the record of the failed step, for the post-mortem
+            last_good = ckpt.wait() if ckpt is not None else None
+            raise Diverged(at, bad, stop_line(bad, at, cfg.checkpoint_dir, last_good))
+        agreed_signal = max(agreed_signal, int(host["stop"]))
+        if (mem := device_memory()) is not None:
+            record["peak_bytes_in_use"] = mem["peak_bytes_in_use"]
+        records.append(record)
+        if bar is not None:
+            bar.set_postfix({"loss": f"{loss:.4f}", "tok_s": f"{tps:,.0f}"}, refresh=False)
+            bar.update(1)
+
+    def log_records(evaluated_at: int | None = None) -> None:
+        for record in records:
+            at = record["step"]
+            if at == evaluated_at:
+                record["eval_loss"] = eval_losses[-1][1]
+                if bar is not None:
+                    bar.set_postfix(
+                        {"loss": f"{record['loss']:.4f}", "eval": f"{eval_losses[-1][1]:.4f}"},
+                        refresh=False,
+                    )
+            if at % cfg.log_every == 0 or at == cfg.steps or at == evaluated_at:
+                writer.write(record)
+        records.clear()
+
+    records: list[dict] = []
     try:
         if eval_fn is not None:
             watchdog.arm(f"the evaluation at step {start_step}")
@@ -615,58 +711,49 @@ def _train(
             bar = tqdm(
                 total=cfg.steps, initial=start_step, desc="train", unit="step", dynamic_ncols=True
             )
+        # Asynchronous: step k+1 is dispatched (its batch built while step k ran) before step
+        # k's metrics are read, so the device never waits on the host. A step whose state is
+        # evaluated or saved is read first (its parameters are donated to the next step), and
+        # a state is saved only after its loss and gradient norm were checked.
+        pending: tuple[int, dict, float] | None = None
+        next_batch = global_batch(run, step)
+        loop_start = time.perf_counter()
         while step < cfg.steps:
             watchdog.arm(f"step {step + 1}")  # through its evaluation and save
-            batch = global_batch(run, step)
-            t0 = time.perf_counter()
-            params, opt_state, out = compiled(params, opt_state, batch)
-            loss = float(out["loss"])
-            dt = time.perf_counter() - t0
+            params, opt_state, out = compiled(params, opt_state, next_batch)
+            dispatched = time.perf_counter()
             step += 1
-            losses.append(loss)
-            timed_tokens += tokens_per_step
-            timed_seconds += dt
-            tps = tokens_per_step / dt
-            mfu = flops_per_step / dt / (peak * n_dev) if peak else None
-            record = {
-                "step": step,
-                "loss": loss,
-                "lr": float(lr_at(step - 1)),
-                "grad_norm": float(out["grad_norm"]),
-                "step_time_s": dt,
-                "tokens_per_s": tps,
-                "mfu": mfu,
-            }
-            for key in ("loss_scale", "skipped_steps"):
-                if key in out:
-                    record[key] = out[key].item()
-            bad = guard.check(loss, record["grad_norm"], record.get("skipped_steps"))
-            if bad is not None:
-                writer.write(record)  # the record of the failed step, for the post-mortem
-                last_good = ckpt.wait() if ckpt is not None else None
-                raise Diverged(step, bad, stop_line(bad, step, cfg.checkpoint_dir, last_good))
-            if (mem := device_memory()) is not None:
-                record["peak_bytes_in_use"] = mem["peak_bytes_in_use"]
             evaluated = eval_fn is not None and (step % cfg.eval_every == 0 or step == cfg.steps)
-            if evaluated:
-                record["eval_loss"] = run_eval(step)
-            if step % cfg.log_every == 0 or step == cfg.steps or evaluated:
-                writer.write(record)
-            if bar is not None:
-                post = {"loss": f"{loss:.4f}", "tok_s": f"{tps:,.0f}"}
-                if eval_losses:
-                    post["eval"] = f"{eval_losses[-1][1]:.4f}"
-                bar.set_postfix(post, refresh=False)
-                bar.update(1)
-            if ckpt is not None:
-                ckpt.save(
-                    step,
-                    {"params": params, "opt_state": opt_state},
-                    _meta(cfg, step, run.model),
-                    force=step == cfg.steps or signals.received() is not None,
-                )
+            saved = ckpt is not None and ckpt.due(step)
+            sync = step == cfg.steps or evaluated or saved or agreed_signal
+            if not sync:
+                next_batch = global_batch(run, step)  # while the device runs this step
+            if pending is not None:
+                finish(*pending)
+            pending = (step, out, dispatched)
+            if sync or agreed_signal:
+                finish(*pending)
+                pending = None
+                t_pause = time.perf_counter()
+                if evaluated:
+                    run_eval(step)
+                log_records(step if evaluated else None)
+                if ckpt is not None and (saved or step == cfg.steps or agreed_signal):
+                    ckpt.save(
+                        step,
+                        {"params": params, "opt_state": opt_state},
+                        _meta(cfg, step, run.model),
+                        force=True,
+                    )
+                paused += time.perf_counter() - t_pause
+                if agreed_signal:
+                    break
+                if step < cfg.steps:
+                    next_batch = global_batch(run, step)
+            else:
+                log_records()
             watchdog.disarm()
-            _stop_if_signalled(ckpt, step, started=True)
+        loop_s = time.perf_counter() - loop_start - paused
     finally:
         watchdog.disarm()
         if bar is not None:
@@ -676,7 +763,7 @@ def _train(
         watchdog.arm(f"the checkpoint of step {step}")
         ckpt.wait()
         watchdog.disarm()
-    _stop_if_signalled(ckpt, step, started=step > start_step)
+    _stop_if_signalled(ckpt, step, started=step > start_step, agreed=agreed_signal)
 
     tokens_per_s = timed_tokens / timed_seconds if timed_seconds else None
     mfu = (
@@ -695,6 +782,7 @@ def _train(
         mfu=mfu,
         compile_s=compile_s,
         wall_s=time.perf_counter() - t_start,
+        loop_s=loop_s,
         eval_losses=eval_losses,
         first_eval_loss=eval_losses[0][1] if eval_losses else None,
         final_eval_loss=eval_losses[-1][1] if eval_losses else None,
@@ -713,14 +801,20 @@ def _skipped_so_far(opt_state: Any) -> int | None:
     return None if scale is None else int(scale.skipped)
 
 
-def _stop_if_signalled(ckpt: Checkpointer | None, step: int, *, started: bool) -> None:
-    """If SIGINT/SIGTERM arrived (:mod:`colossal_jax.signals`): wait for the checkpoint of
-    ``step`` (the loop forced its save) and raise :class:`signals.Interrupted` with the line that
-    says where it is."""
-    signum = signals.received()
+def _stop_if_signalled(
+    ckpt: Checkpointer | None, step: int, *, started: bool, agreed: int = 0
+) -> None:
+    """If SIGINT/SIGTERM arrived (:mod:`colossal_jax.signals`), or ``agreed`` (the stop flag the
+    steps agreed on, :func:`stop_flags`) says that another process received one: wait for the
+    checkpoint of ``step`` (the loop saved it) and raise :class:`signals.Interrupted` with the
+    line that says where it is."""
+    own = signals.received()
+    signum = own if own is not None else (agreed or None)
     if signum is None:
         return
     head = "interrupted" if signum == signal.SIGINT else f"interrupted by {signals.name(signum)}"
+    if own is None:
+        head += " (received by another process)"
     latest = ckpt.wait() if ckpt is not None else None
     if not started and step == 0 and latest is None:
         line = f"{head} before the first step; nothing to save"
