@@ -66,6 +66,7 @@ EXAMPLES = {  # a valid value for each flag whose default does not show one
     "--num-processes": "2",
     "--process-id": "0",
     "--peer-timeout": "120",
+    "--collective-matmul": "on",
     "--init-from-hf": "/path/to/gpt2_save_pretrained_dir",
     "--steps": "200",
     "--batch-size": "16",
@@ -138,6 +139,14 @@ def _int(text: str) -> int:
     return int(value)
 
 
+def _on_off(text: str) -> bool:
+    """argparse type: ``on`` or ``off``."""
+    value = text.strip().lower()
+    if value not in ("on", "off"):
+        raise argparse.ArgumentTypeError(f"{text!r} is not on or off")
+    return value == "on"
+
+
 def _float(text: str) -> float:
     try:
         return float(text)
@@ -183,6 +192,15 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help="ZeRO stage over data: 0 off, 1 optimizer state, 2 + gradients, 3 + parameters "
         "(gathered per layer)",
+    )
+    a(
+        "--collective-matmul",
+        type=_on_off,
+        default="off",
+        metavar="{on,off}",
+        help="run the tensor linears' all-gathers and reduce-scatters (1d: all-reduces) as "
+        "ppermute rings interleaved with partial matmuls (same values and bytes; "
+        "docs/performance.md); needs --tensor-mode 1d|2d|2.5d|3d",
     )
     a(
         "--pipeline",
@@ -568,6 +586,7 @@ def config_from_args(args, n_devices: int) -> TrainConfig:
         modes["seq_mode"] = "ring"
     if args.pipeline is not None:
         modes["pipeline"] = args.pipeline
+    modes["collective_matmul"] = args.collective_matmul
     parallel = ParallelConfig(
         **mesh, **modes, microbatches=args.microbatches, virtual_stages=args.virtual_stages
     )

@@ -57,6 +57,10 @@ class ParallelConfig:
       microbatches: M, microbatches per step through the pipeline (a microbatch is
         ``batch_size / M`` sequences); ``None``: ``2·pipe``.
       virtual_stages: V, model chunks per stage of the interleaved schedule.
+      collective_matmul: run the tensor linears' all-gathers and reduce-scatters (1D: the
+        all-reduces) as ``ppermute`` rings interleaved with partial matmuls (Wang et al. 2023;
+        docs/performance.md); same values and bytes, needs a tensor mode. Off by default: on a
+        simulated CPU mesh it did not measure faster (docs/performance.md).
     """
 
     data: int = 1
@@ -71,6 +75,7 @@ class ParallelConfig:
     pipeline: str | None = None
     microbatches: int | None = None
     virtual_stages: int = 1
+    collective_matmul: bool = False
 
     def __post_init__(self):
         if self.pipeline is None:
@@ -91,6 +96,8 @@ class ParallelConfig:
     def describe(self) -> str:
         axes = " × ".join(f"{a}={n}" for a, n in self.axis_sizes.items())
         modes = f"tensor_mode={self.tensor_mode} seq_mode={self.seq_mode} zero={self.zero}"
+        if self.collective_matmul:
+            modes += " collective_matmul=on"
         if self.pipe > 1:
             modes += f" pipeline={self.pipeline} microbatches={self.num_microbatches}" + (
                 f" virtual_stages={self.virtual_stages}" if self.virtual_stages > 1 else ""

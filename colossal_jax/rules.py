@@ -118,6 +118,7 @@ def check_parallel(par: ParallelConfig, n_devices: int | None = None) -> None:
             "but --tensor-mode is none; pass --tensor-mode 1d|2d|2.5d|3d"
         )
     check_grid(par.tensor_mode, par.tensor_row, par.tensor_col, par.tensor_depth)
+    check_collective_matmul(par)
     if par.seq_mode == "none" and par.seq > 1:
         raise ConfigError(
             f"seq={par.seq} but --seq-mode is none; pass --seq-mode ring|ulysses|"
@@ -141,6 +142,36 @@ def check_grid(mode: str, r: int, c: int, d: int) -> None:
         raise ConfigError(
             f"3d needs a cube tensor_row == tensor_col == tensor_depth, got {r}×{c}×{d}; "
             "e.g. tensor=8 gives 2×2×2"
+        )
+
+
+COLLECTIVE_MATMUL_MODES = ("1d", "2d", "2.5d", "3d")
+
+
+def check_collective_matmul(par: ParallelConfig) -> None:
+    """``--collective-matmul on`` decomposes the tensor linears' collectives, so it needs a
+    tensor mode that has them (every mode but ``none``)."""
+    if not isinstance(par.collective_matmul, bool):
+        raise ConfigError(
+            f"--collective-matmul {par.collective_matmul!r} is not on or off; e.g. "
+            "--collective-matmul on"
+        )
+    if par.collective_matmul and par.tensor_mode not in COLLECTIVE_MATMUL_MODES:
+        raise ConfigError(
+            f"--collective-matmul on decomposes the collectives of tensor-parallel linears, but "
+            f"--tensor-mode is {par.tensor_mode}; use --tensor-mode "
+            f"{'|'.join(COLLECTIVE_MATMUL_MODES)} (e.g. --mesh tensor=8 --tensor-mode 1d "
+            "--collective-matmul on) or --collective-matmul off"
+        )
+
+
+def check_ring_blocks(mode: str, what: str, size: int, n: int) -> None:
+    """A collective-matmul ring cuts ``size`` (``what``) into ``n`` equal blocks."""
+    if size % n:
+        up = -(-size // n) * n
+        raise ConfigError(
+            f"--collective-matmul on with {mode} cuts the {what} ({size}) into {n} ring blocks; "
+            f"{size} is not divisible by {n}: use a {what} of {up}, or --collective-matmul off"
         )
 
 

@@ -30,27 +30,29 @@ from colossal_jax.tensor.replicated import ReplicatedLayout
 
 
 def make_layout(cfg: ParallelConfig, mesh: Mesh) -> TensorLayout:
-    """The tensor layout of ``cfg.tensor_mode`` on ``mesh``."""
+    """The tensor layout of ``cfg.tensor_mode`` on ``mesh`` (with collective matmuls when
+    ``cfg.collective_matmul``)."""
     act = ActivationAxes(batch=("data",), seq="seq")
     mode = cfg.tensor_mode
+    cm = cfg.collective_matmul
     if mode == "none":
         return ReplicatedLayout(mesh, act)
     if mode == "1d":
         from colossal_jax.tensor.one_d import OneDLayout
 
-        return OneDLayout(mesh, act)
+        return OneDLayout(mesh, act, collective_matmul=cm)
     if mode == "2d":
         from colossal_jax.tensor.two_d import TwoDLayout
 
-        return TwoDLayout(mesh, act)
+        return TwoDLayout(mesh, act, collective_matmul=cm)
     if mode == "2.5d":
         from colossal_jax.tensor.two_p5d import TwoP5DLayout
 
-        return TwoP5DLayout(mesh, act)
+        return TwoP5DLayout(mesh, act, collective_matmul=cm)
     if mode == "3d":
         from colossal_jax.tensor.three_d import ThreeDLayout
 
-        return ThreeDLayout(mesh, act)
+        return ThreeDLayout(mesh, act, collective_matmul=cm)
     raise ConfigError(f"--tensor-mode {mode!r} is unknown")
 
 

@@ -20,8 +20,13 @@ several linears that read the same input — Q, K and V — in one ``shard_map``
 gather, so autodiff sums their input gradients *before* the one transposed collective
 (Megatron's fused QKV: one all-reduce instead of three in 1D, one reduce-scatter in 2D/3D).
 
-Subclasses implement the specs, ``_gather_input``, ``_matmul``, :meth:`TensorLayout.validate`
-and :meth:`TensorLayout.batch_divisor`.
+With ``collective_matmul=True`` the layout runs its ``_collective_products`` instead: the same
+products and the same bytes, with a gather or scatter decomposed into a ``ppermute`` ring
+interleaved with partial matmuls (:mod:`colossal_jax.tensor.collective_matmul`); fused linears
+still share one input ring or gather.
+
+Subclasses implement the specs, ``_gather_input``, ``_matmul``, ``_collective_products``,
+:meth:`TensorLayout.validate` and :meth:`TensorLayout.batch_divisor`.
 """
 
 from __future__ import annotations
@@ -29,6 +34,7 @@ from __future__ import annotations
 import abc
 
 import jax
+from jax.sharding import Mesh
 from jax.sharding import PartitionSpec as P
 
 from colossal_jax.tensor.kernels import (
@@ -39,6 +45,7 @@ from colossal_jax.tensor.kernels import (
     vocab_parallel_embed,
 )
 from colossal_jax.tensor.layout import (
+    ActivationAxes,
     AxisNames,
     LinearKind,
     LocalAttention,
@@ -59,7 +66,20 @@ def axes_of(entry) -> AxisNames:
 
 
 class GridLayout(TensorLayout):
-    """A layout whose shared kernels are derived from its specs (see module docstring)."""
+    """A layout whose shared kernels are derived from its specs (see module docstring).
+
+    ``collective_matmul``: run the linears' gathers and scatters as ``ppermute`` rings
+    interleaved with partial matmuls (``--collective-matmul on``)."""
+
+    def __init__(
+        self,
+        mesh: Mesh,
+        activation_axes: ActivationAxes | None = None,
+        *,
+        collective_matmul: bool = False,
+    ):
+        super().__init__(mesh, activation_axes or ActivationAxes())
+        self.collective_matmul = collective_matmul
 
     def hidden_axes(self) -> AxisNames:
         return axes_of(self.residual_spec()[2])
@@ -87,6 +107,18 @@ class GridLayout(TensorLayout):
     def _matmul(self, x: jax.Array, w: jax.Array, kind: LinearKind) -> jax.Array:
         """Per device: gathered input times the weight block, in the output layout."""
 
+    @abc.abstractmethod
+    def _collective_products(
+        self, x: jax.Array, ws: list[jax.Array], kind: LinearKind
+    ) -> list[jax.Array]:
+        """Per device: ``[_matmul(_gather_input(x), w) for w in ws]`` as collective matmuls."""
+
+    def _products(self, x: jax.Array, ws: list[jax.Array], kind: LinearKind) -> list[jax.Array]:
+        if self.collective_matmul:
+            return self._collective_products(x, ws, kind)
+        xg = self._gather_input(x, kind)
+        return [self._matmul(xg, w, kind) for w in ws]
+
     def linear(self, x, w, b, kind: LinearKind):
         return self.linears(x, [w], None if b is None else [b], kind)[0]
 
@@ -100,10 +132,9 @@ class GridLayout(TensorLayout):
         n = len(ws)
 
         def body(x, ws, *bs):
-            xg = self._gather_input(x, kind)
             # the weight block is marked varying over the token axes *before* its gather, so its
             # gradient is reduced over them on the small local block
-            ys = [self._matmul(xg, varying(w, grad_axes), kind) for w in ws]
+            ys = self._products(x, [varying(w, grad_axes) for w in ws], kind)
             return [y + b for y, b in zip(ys, bs[0], strict=True)] if bs else ys
 
         in_specs = (src, [self.weight_spec(kind)] * n)

@@ -13,6 +13,15 @@ gathered blocks): ``2·(q−1)/q²·(M·N + N·K)`` elements. Memory per device:
 activations ``M·N/q²`` (falls as 1/p), plus the transient gathered blocks ``M·N/q`` and
 ``N·K/q``. Layer norm all-reduces its statistics over ``c`` (``2·M/q`` elements twice).
 
+Collective matmul (``--collective-matmul on``; Wang et al. 2023, ASPLOS): both gathers are along
+the contraction, so ``Y = Σ_j X_j·W_j`` over the ``q`` hidden blocks. The larger of the two
+gathered operands goes round its ring (``X`` over ``c``, or ``W`` over ``r``) and each step adds
+one partial product ``X_j·W_j`` with the matching block of the other, which is all-gathered as
+before. Same elements per device, ``(q−1)`` permutes of the ringed block instead of its
+all-gather; the algorithm's transient gathered block of the ringed operand falls to two blocks
+in flight (autodiff keeps the ``q`` blocks for the backward pass, whose ring — the transpose —
+is the reduce-scatter of that operand's gradient, each step one partial matmul).
+
 2.5D (:mod:`colossal_jax.tensor.two_p5d`) is this layout with ``d`` stacked grids.
 """
 
@@ -25,6 +34,7 @@ import jax.numpy as jnp
 from jax.sharding import PartitionSpec as P
 
 from colossal_jax import rules
+from colossal_jax.tensor.collective_matmul import block, ring_all_gather
 from colossal_jax.tensor.grid import GridLayout
 from colossal_jax.tensor.kernels import grid_transpose, varying
 from colossal_jax.tensor.layout import (
@@ -43,8 +53,14 @@ class TwoDLayout(GridLayout):
     depth: tuple[str, ...] = ()
     """Axes that stack independent grids (2.5D): they split the batch and replicate weights."""
 
-    def __init__(self, mesh, activation_axes: ActivationAxes | None = None):
-        super().__init__(mesh, activation_axes or ActivationAxes())
+    def __init__(
+        self,
+        mesh,
+        activation_axes: ActivationAxes | None = None,
+        *,
+        collective_matmul: bool = False,
+    ):
+        super().__init__(mesh, activation_axes, collective_matmul=collective_matmul)
         depth = math.prod(self.mesh.shape.get(a, 1) for a in self.depth)
         rules.check_grid(self.mode, self.axis_size(self.row), self.axis_size(self.col), depth)
 
@@ -127,3 +143,20 @@ class TwoDLayout(GridLayout):
         return sharded(
             body, self.mesh, (self.residual_spec(), self.embedding_spec()), self.wide_spec()
         )(x, table)
+
+    def _collective_products(self, x, ws, kind: LinearKind):
+        """``Σ_j X_j·W_j`` with the larger operand on its ring: ``X``'s hidden blocks over
+        ``c`` (one ring shared by every ``w``, the weights all-gathered over ``r``) or the
+        weights' row blocks over ``r`` (one ring carrying every ``w``, ``X`` all-gathered)."""
+        n = x.shape[2]  # the hidden block: N/q
+        if x.size >= sum(w.size for w in ws):
+            w_full = [jax.lax.all_gather(w, self.row, axis=0, tiled=True) for w in ws]
+            steps = ring_all_gather(
+                x, self.col, lambda xj, j: [xj @ block(w, j, n, 0) for w in w_full]
+            )
+        else:
+            x_full = jax.lax.all_gather(x, self.col, axis=2, tiled=True)
+            steps = ring_all_gather(
+                list(ws), self.row, lambda wjs, j: [block(x_full, j, n, 2) @ wj for wj in wjs]
+            )
+        return [sum(ys) for ys in zip(*steps, strict=True)]
