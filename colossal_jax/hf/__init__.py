@@ -22,7 +22,10 @@ from typing import Any
 
 from colossal_jax.config import ConfigError
 
-FAMILIES: dict[str, str] = {"gpt2": "colossal_jax.hf.gpt2"}
+FAMILIES: dict[str, str] = {
+    "gpt2": "colossal_jax.hf.gpt2",
+    "llama": "colossal_jax.hf.llama",
+}
 """Hugging Face ``model_type`` -> the module that maps that family."""
 
 CONFIG = "config.json"

@@ -1,12 +1,14 @@
 """Our checkpoint -> a Hugging Face directory (``config.json`` + ``model.safetensors``) that
-``transformers.AutoModelForCausalLM.from_pretrained`` loads.
+``transformers`` loads (``AutoModelForCausalLM``, ``AutoModelForMaskedLM`` or
+``AutoModelForImageClassification``, as the family's ``AUTO_CLASS`` says).
 
-The checkpoint's JSON metadata names the model and its resolved architecture; the family module
-(:data:`colossal_jax.hf.FAMILIES`) turns it into a HF config and its parameter map into HF
-tensors. Only the parameters are read (not the optimizer state), as host arrays: no device and
-no mesh are needed, and each HF tensor is assembled and written one at a time, so the host holds
-the parameters plus one tensor. Values are written as stored (fp32), so importing the export
-gives our parameters back bit for bit.
+The checkpoint's JSON metadata names the model and its resolved architecture; the model zoo
+(:mod:`models.registry`) builds its parameter tree, and the family module
+(:data:`colossal_jax.hf.FAMILIES`) turns the architecture into a HF config and its parameter
+map into HF tensors. Only the parameters are read (not the optimizer state), as host arrays: no
+device and no mesh are needed, and each HF tensor is assembled and written one at a time, so the
+host holds the parameters plus one tensor. Values are written as stored (fp32), so importing the
+export gives our parameters back bit for bit.
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ from colossal_jax.hf.tensors import SAFETENSORS, write_safetensors
 
 
 def _family_and_arch(meta: dict) -> tuple[Any, dict]:
-    from models.configs import model_config
+    from models.registry import model_config
 
     arch = meta.get("architecture")
     if not isinstance(arch, dict):
@@ -94,11 +96,11 @@ def _abstract_params(model: str, arch: dict) -> Any:
     (the restore returns host arrays)."""
     from flax import nnx
 
-    from models.configs import model_config
-    from models.gpt import GPT
+    from models.registry import family_of, model_config
 
     cfg = model_config(model, **arch)
-    abstract = nnx.eval_shape(lambda: GPT(cfg, rngs=nnx.Rngs(0)))
+    family = family_of(model)
+    abstract = nnx.eval_shape(lambda: family.build(cfg, rngs=nnx.Rngs(0)))
     return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), nnx.state(abstract))
 
 
@@ -125,6 +127,7 @@ def main(argv: list[str] | None = None) -> int:
     config = json.loads((path.parent / hf.CONFIG).read_text())
     print(
         f"wrote {path} ({path.stat().st_size / 2**20:.1f} MiB) and {hf.CONFIG}: "
-        f"{config['architectures'][0]}, step {config['colossal_jax']['step']}"
+        f"{config['architectures'][0]}, step {config['colossal_jax']['step']}; load it with "
+        f"transformers.{hf.family(config['model_type']).AUTO_CLASS}.from_pretrained"
     )
     return 0

@@ -36,6 +36,8 @@ from colossal_jax.hf.mapping import ParamMap, Piece
 
 MODEL_TYPE = "gpt2"
 ARCHITECTURE = "GPT2LMHeadModel"
+AUTO_CLASS = "AutoModelForCausalLM"
+"""The ``transformers`` auto class that loads an export."""
 CONFIG_CLASS = "GPTConfig"
 """Our config class (``models.configs``) this family maps to."""
 PREFIX = "transformer."

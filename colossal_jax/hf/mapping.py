@@ -10,6 +10,11 @@ path of the model's ``nnx.State``, e.g. ``blocks.layers.attn.query.kernel``) as 
   ``[in, out]``; a head tied to the ``[vocab, hidden]`` token embedding).
 - ``cols``: ours is a column range (last axis, in our orientation) of a fused HF tensor (GPT-2's
   ``c_attn`` holds query, key and value side by side).
+- ``flatten``: HF's tensor, its axes permuted, flattened to ``[-1, last]`` (ViT's patch
+  convolution ``[out, c, p, p]`` becomes our ``[p·p·c, out]`` dense kernel; a ``[1, 1, h]``
+  class token our ``[1, h]`` row).
+- ``pad``: our axis is longer than HF's (a table or head padded to a multiple of 16): import
+  fills the extra rows with zeros, export keeps HF's part.
 
 Import reads any rectangular region of one of our parameters straight from the HF tensors
 (:func:`read_region`), so each device's shard is read by itself; export assembles each HF
@@ -34,11 +39,23 @@ class Piece:
       name: the HF tensor; ``{i}`` stands for the layer index of a stacked parameter.
       transpose: HF holds the transpose of our (per-layer) parameter.
       cols: ``(start, stop)``: our parameter is these columns of the (transposed) HF tensor.
+      flatten: axes permutation of the HF tensor before it is flattened to ``[-1, last]``.
+      pad: ``(axis, length)``: our (oriented) ``axis`` has ``length``, HF's fewer (zeros beyond).
+      hf_shape: the HF tensor's shape; needed (for export) with ``flatten`` or ``pad``.
     """
 
     name: str
     transpose: bool = False
     cols: tuple[int, int] | None = None
+    flatten: tuple[int, ...] | None = None
+    pad: tuple[int, int] | None = None
+    hf_shape: tuple[int, ...] | None = None
+
+    def __post_init__(self):
+        if (self.flatten is not None or self.pad is not None) and (
+            self.hf_shape is None or self.cols is not None or self.stacked
+        ):
+            raise ValueError(f"{self.name}: flatten/pad need hf_shape, no cols, no {{i}}")
 
     @property
     def stacked(self) -> bool:
@@ -48,9 +65,43 @@ class Piece:
         return self.name.format(i=layer) if self.stacked else self.name
 
     def oriented(self, hf: np.ndarray) -> np.ndarray:
-        """The HF tensor in our orientation, cut to our columns (a view: nothing is read)."""
-        x = hf.T if self.transpose else hf
-        return x[..., self.cols[0] : self.cols[1]] if self.cols is not None else x
+        """The HF tensor in our orientation, cut to our columns (a view: nothing is read, unless
+        ``flatten`` or ``pad`` copy it)."""
+        import numpy as np
+
+        x = hf
+        if self.flatten is not None:
+            x = np.transpose(x, self.flatten)
+            x = x.reshape(-1, x.shape[-1])
+        x = x.T if self.transpose else x
+        x = x[..., self.cols[0] : self.cols[1]] if self.cols is not None else x
+        if self.pad is not None:
+            axis, length = self.pad
+            widths = [(0, 0)] * x.ndim
+            widths[axis] = (0, length - x.shape[axis])
+            x = np.pad(x, widths)
+        return x
+
+    def to_hf(self, ours: np.ndarray) -> np.ndarray:
+        """The HF tensor of our (one layer's) parameter: the exact inverse of :meth:`oriented`
+        for a piece without ``cols``."""
+        import numpy as np
+
+        assert self.cols is None
+        x = ours
+        if self.pad is not None:
+            assert self.hf_shape is not None
+            shape = tuple(self.hf_shape[a] for a in self.flatten or range(len(self.hf_shape)))
+            if self.flatten is not None:
+                shape = (int(np.prod(shape[:-1], dtype=np.int64)), shape[-1])
+            shape = tuple(reversed(shape)) if self.transpose else shape
+            x = x[tuple(slice(0, n) for n in shape)]
+        x = x.T if self.transpose else x
+        if self.flatten is not None:
+            assert self.hf_shape is not None
+            x = x.reshape([self.hf_shape[a] for a in self.flatten])
+            x = np.transpose(x, np.argsort(self.flatten))
+        return x
 
 
 ParamMap = dict[str, Piece]
@@ -95,8 +146,12 @@ def hf_shapes(
     """For export: every HF tensor the map names, as ``name -> (HF shape, sources)``, from our
     parameters' ``shapes``. The column pieces of one tensor must tile all of its columns."""
     found: dict[str, list[tuple[tuple[int, int], tuple[int, ...], bool, str, int | None]]] = {}
+    out: dict[str, tuple[tuple[int, ...], Sources]] = {}
     for path, piece in pmap.items():
         shape = shapes[path]
+        if piece.hf_shape is not None:  # flatten/pad: one parameter, one HF tensor
+            out[piece.name] = (tuple(piece.hf_shape), [(path, None)])
+            continue
         one = shape[1:] if piece.stacked else shape
         cols = piece.cols or (0, one[-1])
         if cols[1] - cols[0] != one[-1]:
@@ -104,7 +159,6 @@ def hf_shapes(
         for layer in range(shape[0]) if piece.stacked else [None]:
             entry = (cols, tuple(one[:-1]), piece.transpose, path, layer)
             found.setdefault(piece.hf_name(layer), []).append(entry)
-    out: dict[str, tuple[tuple[int, ...], Sources]] = {}
     for name, entries in found.items():
         entries.sort()
         edge = 0
@@ -128,7 +182,15 @@ def assemble(
     parameters as a host array): the exact inverse of :func:`read_region`."""
     import numpy as np
 
-    transpose = pmap[sources[0][0]].transpose
+    first = pmap[sources[0][0]]
+    if first.cols is None:
+        (path, layer), *more = sources
+        assert not more, f"{first.name} has more than one source but no columns"
+        value = param(path) if layer is None else param(path)[layer]
+        out = first.to_hf(value)
+        assert out.shape == tuple(shape), (first.name, out.shape, shape)
+        return out
+    transpose = first.transpose
     ours = tuple(reversed(shape)) if transpose else shape
     out: np.ndarray | None = None
     for path, layer in sources:
