@@ -7,8 +7,8 @@ encoder layers (``LN(x + attn(x))``, then ``LN(x + mlp(x))``) whose attention se
 paper's. The loss is scored where the data's weights are nonzero, the masked positions
 (:mod:`colossal_jax.masked_lm`). Differences from the paper: the decoder reads the last layer's
 output directly, without BERT's extra dense + GELU + LayerNorm transform (a hidden-to-hidden map
-of the residual stream has no layout kind); GELU is the tanh approximation of the library's MLP;
-no next-sentence head.
+of the residual stream has no layout kind); GELU is the tanh approximation of the library's MLP
+unless ``gelu="exact"``; no next-sentence head.
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ class Block(nnx.Module):
     def __init__(self, cfg: BertConfig, *, rngs: nnx.Rngs):
         self.attn = SelfAttention(cfg.n_embd, cfg.n_head, rngs=rngs, causal=cfg.causal)
         self.ln1 = LayerNorm(cfg.n_embd, eps=cfg.eps)
-        self.mlp = MLP(cfg.n_embd, cfg.mlp_width, rngs=rngs)
+        self.mlp = MLP(cfg.n_embd, cfg.mlp_width, rngs=rngs, approximate=cfg.gelu == "tanh")
         self.ln2 = LayerNorm(cfg.n_embd, eps=cfg.eps)
 
     def __call__(self, x: jax.Array, positions: jax.Array) -> jax.Array:

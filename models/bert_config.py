@@ -24,6 +24,8 @@ class BertConfig:
         number of ``[SEP]`` tokens before it in its sequence (0 for the first segment, 1 for the
         second), so it needs the whole sequence on every device (no ``seq`` split).
       eps: layer-norm epsilon (the paper's 1e-12).
+      gelu: the MLP's GeLU, ``"tanh"`` (approximation) or ``"exact"`` (erf, the paper's and
+        HF's ``"gelu"``).
     """
 
     vocab_size: int = 30522
@@ -34,6 +36,11 @@ class BertConfig:
     mlp_ratio: int = 4
     type_vocab_size: int = 2
     eps: float = 1e-12
+    gelu: str = "tanh"
+
+    def __post_init__(self):
+        if self.gelu not in ("tanh", "exact"):
+            raise ValueError(f"model.gelu={self.gelu!r} is not one of ('tanh', 'exact')")
 
     position = "learned"
     """Positions come from a learned table (``block_size`` rows)."""

@@ -9,7 +9,9 @@ slot, so the class token is that input's learned row (plus the shared bias): ViT
 over every position (``causal=False``), a final LayerNorm and a linear head
 (zero-initialised, as the paper's). The head runs on every token; the data's loss weights (1 at
 the class position, 0 elsewhere) make the loss the class token's, so pipelines, accumulation
-and ZeRO need nothing new. GELU is the tanh approximation of the library's MLP.
+and ZeRO need nothing new. GELU is the tanh approximation of the library's MLP unless
+``gelu="exact"``; ``class_bias=False`` keeps the patch bias off the class token, as HF's
+``ViTEmbeddings`` (the form :mod:`colossal_jax.hf.vit` imports).
 """
 
 from __future__ import annotations
@@ -35,7 +37,7 @@ class Block(nnx.Module):
         self.ln1 = LayerNorm(cfg.n_embd, eps=cfg.eps)
         self.attn = SelfAttention(cfg.n_embd, cfg.n_head, rngs=rngs, causal=cfg.causal)
         self.ln2 = LayerNorm(cfg.n_embd, eps=cfg.eps)
-        self.mlp = MLP(cfg.n_embd, cfg.mlp_width, rngs=rngs)
+        self.mlp = MLP(cfg.n_embd, cfg.mlp_width, rngs=rngs, approximate=cfg.gelu == "tanh")
 
     def __call__(self, x: jax.Array, positions: jax.Array) -> jax.Array:
         x = x + self.attn(self.ln1(x), positions)
@@ -48,7 +50,12 @@ class ViT(nnx.Module):
     def __init__(self, cfg: ViTConfig, *, rngs: nnx.Rngs, unroll: bool | None = None):
         self.cfg = cfg
         h = cfg.n_embd
-        self.patch_embed = FeatureEmbed(cfg.patch_dim + 1, h, rngs=rngs)
+        if cfg.class_bias:
+            self.patch_embed = FeatureEmbed(cfg.patch_dim + 1, h, rngs=rngs)
+        else:  # HF's layout: the bias only on patches, the class token a row of its own
+            self.patch_embed = FeatureEmbed(cfg.patch_dim, h, rngs=rngs, use_bias=False)
+            self.patch_bias = FeatureEmbed(1, h, rngs=rngs, use_bias=False, init_std=0.0)
+            self.class_token = FeatureEmbed(1, h, rngs=rngs, use_bias=False)
         self.wpe = Embed(cfg.block_size, h, rngs=rngs)
         self.blocks = Stack(lambda r: Block(cfg, rngs=r), cfg.n_layer, rngs=rngs, unroll=unroll)
         self.ln_f = LayerNorm(h, eps=cfg.eps)
@@ -58,6 +65,9 @@ class ViT(nnx.Module):
         """Patch (and class-token) embeddings plus learned positions: ``tokens: [b, s,
         patch_dim]`` pixels, ``positions: [b, s]`` -> ``[b, s, h]``."""
         is_class = (positions == CLASS_POSITION)[..., None].astype(tokens.dtype)
+        if not self.cfg.class_bias:
+            patches = self.patch_embed(tokens * (1 - is_class)) + self.patch_bias(1 - is_class)
+            return patches + self.class_token(is_class) + self.wpe(positions)
         inputs = jnp.concatenate([tokens * (1 - is_class), is_class], axis=-1)
         return self.patch_embed(inputs) + self.wpe(positions)
 

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+GELUS = ("tanh", "exact")
+"""The MLP's GeLU forms (``jax.nn.gelu(approximate=...)``)."""
 TABLE_MULTIPLE = 16
 """The position table's rows and the head's outputs are padded to a multiple of this, so every
 tensor split up to 16 ways divides them (unused rows and logits: never looked up, never a
@@ -32,6 +34,10 @@ class ViTConfig:
       n_layer, n_head, n_embd: depth, attention heads, hidden size.
       mlp_ratio: MLP width = ``mlp_ratio · n_embd``.
       eps: layer-norm epsilon (1e-6 as the paper's code).
+      gelu: the MLP's GeLU, ``"tanh"`` (approximation) or ``"exact"`` (erf, as HF's ``"gelu"``).
+      class_bias: the patch embedding's bias is added at the class token's slot too (ours);
+        False: only to the patches, as HF's ``ViTEmbeddings`` (the bias and the class token are
+        then one-row embeddings of their own, so an imported HF ViT is exact).
     """
 
     image_size: int = 224
@@ -43,6 +49,12 @@ class ViTConfig:
     n_embd: int = 768
     mlp_ratio: int = 4
     eps: float = 1e-6
+    gelu: str = "tanh"
+    class_bias: bool = True
+
+    def __post_init__(self):
+        if self.gelu not in GELUS:
+            raise ValueError(f"model.gelu={self.gelu!r} is not one of {GELUS}; use 'tanh'")
 
     position = "learned"
     """Positions come from a learned table (``block_size`` rows)."""
@@ -81,7 +93,8 @@ class ViTConfig:
     def matmul_params(self) -> int:
         """Parameters in matmuls (patch embedding, every linear, the head), the N of ``6·N``."""
         h, w = self.n_embd, self.mlp_width
-        inputs = self.patch_dim + 1  # the pixels of a patch and the class-token indicator
+        # the pixels of a patch, the class-token indicator (and the patches' when not class_bias)
+        inputs = self.patch_dim + (1 if self.class_bias else 2)
         return inputs * h + self.n_layer * (4 * h * h + 2 * h * w) + h * self.vocab_size
 
     def param_count(self) -> int:

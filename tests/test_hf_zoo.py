@@ -68,8 +68,33 @@ def _text_batch(vocab: int, seq: int):
     return batch
 
 
+def _vit():
+    config = transformers.ViTConfig(
+        image_size=8,
+        patch_size=4,
+        num_channels=3,
+        hidden_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        intermediate_size=128,
+        num_labels=10,
+    )
+    return transformers.ViTForImageClassification(config)
+
+
+def _image_batch(rng):
+    from colossal_jax.images import patchify
+
+    images = rng.standard_normal((BATCH, 8, 8, 3)).astype(np.float32)
+    patches = patchify(images, 4)
+    tokens = np.concatenate([np.zeros_like(patches[:, :1]), patches], axis=1)  # class slot first
+    positions = np.broadcast_to(np.arange(tokens.shape[1], dtype=np.int32), tokens.shape[:2])
+    return tokens, positions, {"pixel_values": torch.from_numpy(images.transpose(0, 3, 1, 2))}
+
+
 CASES = {
     "llama": Case("llama-tiny", "synthetic", 16, _llama, _text_batch(128, 16)),
+    "vit": Case("vit-tiny", "shapes", 5, _vit, _image_batch, lambda x: x[:, 0, :10]),
 }
 
 

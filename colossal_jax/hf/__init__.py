@@ -25,6 +25,7 @@ from colossal_jax.config import ConfigError
 FAMILIES: dict[str, str] = {
     "gpt2": "colossal_jax.hf.gpt2",
     "llama": "colossal_jax.hf.llama",
+    "vit": "colossal_jax.hf.vit",
 }
 """Hugging Face ``model_type`` -> the module that maps that family."""
 

@@ -151,14 +151,24 @@ class SelfAttention(nnx.Module):
 
 
 class MLP(nnx.Module):
-    """``h -> width -> h`` with GeLU (tanh approximation, as GPT-2)."""
+    """``h -> width -> h`` with GeLU: the tanh approximation (as GPT-2) or, with
+    ``approximate=False``, the exact erf form (as BERT and ViT)."""
 
-    def __init__(self, hidden: int, width: int, *, rngs: nnx.Rngs, out_std: float = 0.02):
+    def __init__(
+        self,
+        hidden: int,
+        width: int,
+        *,
+        rngs: nnx.Rngs,
+        out_std: float = 0.02,
+        approximate: bool = True,
+    ):
+        self.approximate = approximate
         self.up = Dense(hidden, width, kind="in", rngs=rngs)
         self.down = Dense(width, hidden, kind="out", rngs=rngs, init_std=out_std)
 
     def __call__(self, x: jax.Array) -> jax.Array:
-        return self.down(jax.nn.gelu(self.up(x), approximate=True))
+        return self.down(jax.nn.gelu(self.up(x), approximate=self.approximate))
 
 
 class SwiGLU(nnx.Module):
