@@ -135,13 +135,14 @@ def _llama3(n_layer: int, n_head: int, n_embd: int, width: int) -> LlamaConfig:
 
 
 LLAMA_MODELS: dict[str, LlamaConfig] = {
-    # CPU-sized: byte vocabulary, 2 layers, 8 query heads sharing 4 key/value heads
+    # CPU-sized: byte vocabulary, 2 layers, 16 query heads sharing 8 key/value heads (every
+    # tensor split of 8 devices divides both)
     "llama-tiny": LlamaConfig(
         vocab_size=256,
         block_size=256,
         n_layer=2,
-        n_head=8,
-        n_kv_head=4,
+        n_head=16,
+        n_kv_head=8,
         n_embd=128,
         intermediate_size=384,
         eps=1e-5,

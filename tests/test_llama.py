@@ -55,11 +55,11 @@ def test_llama_tiny_counts_its_own_parameters():
 
 
 def test_config_errors():
-    with pytest.raises(ValueError, match=r"n_kv_head=3 does not divide model.n_head=8"):
+    with pytest.raises(ValueError, match=r"n_kv_head=3 does not divide model.n_head=16"):
         llama_config("llama-tiny", n_kv_head=3)
     with pytest.raises(KeyError, match="llama-tiny"):
         llama_config("llama-huge")
-    tiny = LLAMA_MODELS["llama-tiny"]
+    tiny = dataclasses.replace(LLAMA_MODELS["llama-tiny"], n_head=8, n_kv_head=4)
     cfg = TrainConfig(
         batch_size=8, seq_len=32, parallel=ParallelConfig(tensor_row=8, tensor_mode="1d")
     )
