@@ -1,4 +1,5 @@
-"""colossal-jax: train GPT models with data, tensor, sequence and pipeline parallelism in JAX.
+"""colossal-jax: train transformers (GPT, BERT, ViT) with data, tensor, sequence and pipeline
+parallelism in JAX.
 
 Train from a script::
 
@@ -38,26 +39,42 @@ _LAZY = {  # name -> module holding it (imports JAX when first used)
     "Summary": "colossal_jax.train",
     "TrainResult": "colossal_jax.train",
     "build_mesh": "colossal_jax.mesh",
-    "MODELS": "models.gpt",
-    "model_config": "models.gpt",
-    "GPTConfig": "models.gpt",
+    "evaluate_metrics": "colossal_jax.train",
+    "MODELS": "models.registry",
+    "FAMILIES": "models.registry",
+    "model_config": "models.registry",
+    "GPTConfig": "models.gpt_config",
+    "BertConfig": "models.bert_config",
+    "ViTConfig": "models.vit_config",
     "GPT": "models.gpt",
+    "Sampler": "colossal_jax.generate",
+    "Sampling": "colossal_jax.generate",
+    "Bert": "models.bert",
+    "ViT": "models.vit",
 }
 
 __all__ = [
+    "Bert",
+    "BertConfig",
     "ConfigError",
+    "FAMILIES",
     "GPT",
     "GPTConfig",
     "MODELS",
     "OptimConfig",
     "ParallelConfig",
     "Run",
+    "Sampler",
+    "Sampling",
     "Summary",
     "TrainConfig",
     "TrainResult",
+    "ViT",
+    "ViTConfig",
     "build",
     "build_mesh",
     "evaluate",
+    "evaluate_metrics",
     "init_state",
     "model_config",
     "parse_mesh",
@@ -67,6 +84,7 @@ __all__ = [
 ]
 
 if TYPE_CHECKING:  # pragma: no cover
+    from colossal_jax.generate import Sampler, Sampling
     from colossal_jax.mesh import build_mesh
     from colossal_jax.train import (
         Run,
@@ -74,11 +92,18 @@ if TYPE_CHECKING:  # pragma: no cover
         TrainResult,
         build,
         evaluate,
+        evaluate_metrics,
         init_state,
         restore,
         train,
     )
-    from models.gpt import GPT, MODELS, GPTConfig, model_config
+    from models.bert import Bert
+    from models.bert_config import BertConfig
+    from models.gpt import GPT
+    from models.gpt_config import GPTConfig
+    from models.registry import FAMILIES, MODELS, model_config
+    from models.vit import ViT
+    from models.vit_config import ViTConfig
 
 
 def __getattr__(name: str) -> Any:

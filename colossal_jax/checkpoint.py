@@ -17,6 +17,7 @@ latest is raised, since a mismatched model fails every step alike.
 
 from __future__ import annotations
 
+import json
 import shutil
 import sys
 import warnings
@@ -161,9 +162,13 @@ class Checkpointer:
         except Exception:  # noqa: BLE001 - an unreadable layout is left to the restore itself
             return None
 
+    def due(self, step: int) -> bool:
+        """Whether ``step`` is one of the every-``every`` steps that are saved."""
+        return step % self.every == 0
+
     def save(self, step: int, state: Any, meta: dict, *, force: bool = False) -> bool:
         """Start an asynchronous save of ``step`` if it is due (or ``force``)."""
-        if not force and step % self.every:
+        if not force and not self.due(step):
             return False
         if self.manager.latest_step() == step:
             return False
@@ -179,6 +184,49 @@ class Checkpointer:
         """Wait for pending writes and release the manager."""
         self.manager.wait_until_finished()
         self.manager.close()
+
+
+def restore_params(directory: str | Path, target: Any, step: int | None = None) -> tuple[Any, dict]:
+    """Only the parameters of checkpoint ``step`` (default: the latest) in ``directory``, not
+    the optimizer state, and its JSON metadata: for inference and export, which need a third of
+    what a resume reads (AdamW). ``target`` is the parameter tree of ``jax.ShapeDtypeStruct``:
+    with ``sharding`` set the arrays are placed there (any mesh), without it they come back as
+    host NumPy arrays (no device is used)."""
+    import numpy as np
+
+    root = Path(directory).resolve()
+    if step is None:
+        steps = sorted(int(p.name) for p in root.glob("*") if p.name.isdigit() and p.is_dir())
+        if not steps:
+            raise ConfigError(f"no checkpoint in {root}; train with --checkpoint-dir {root}")
+        step = steps[-1]
+    where = root / str(step)
+
+    def args(leaf):
+        if getattr(leaf, "sharding", None) is None:
+            return ocp.RestoreArgs(restore_type=np.ndarray, dtype=leaf.dtype)
+        return ocp.ArrayRestoreArgs(
+            sharding=leaf.sharding, global_shape=leaf.shape, dtype=leaf.dtype
+        )
+
+    item = {"params": target}
+    saved = ocp.StandardCheckpointHandler().metadata(where / "state")
+    saved_tree = getattr(saved, "tree", saved)
+    if isinstance(saved_tree, dict) and "params" in saved_tree:
+        check_fits(leaf_shapes(saved_tree["params"]), leaf_shapes(target), where)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            restored = ocp.PyTreeCheckpointer().restore(
+                where / "state",
+                args=ocp.args.PyTreeRestore(
+                    item=item, restore_args=jax.tree.map(args, item), partial_restore=True
+                ),
+            )
+        meta = json.loads((where / "meta" / "metadata").read_text())
+    except (OSError, ValueError, TypeError, KeyError) as e:
+        raise ConfigError(f"the checkpoint {where} cannot be read ({_reason(e)})") from None
+    return restored["params"], meta
 
 
 def _quiet_closed_loop_callbacks() -> None:

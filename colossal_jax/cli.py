@@ -69,7 +69,37 @@ EXAMPLES = {  # a valid value for each flag whose default does not show one
     "--xla-preset": "gpu-perf",
     "--profile-dir": "/tmp/profile",
     "--profile-steps": "3:5",
+    "--collective-matmul": "on",
+    "--init-from-hf": "/path/to/gpt2_save_pretrained_dir",
+    "--steps": "200",
+    "--batch-size": "16",
+    "--seq-len": "128",
+    "--lr": "0.003",
+    "--warmup-steps": "20",
+    "--data": "stdlib",
+    "--eval-every": "50",
 }
+
+FAMILY_FLAGS = {  # TrainConfig field (optim.<field>) -> the argparse dest a family may default
+    "steps": "steps",
+    "batch_size": "batch_size",
+    "seq_len": "seq_len",
+    "data": "data",
+    "eval_every": "eval_every",
+    "optim.lr": "lr",
+    "optim.warmup_steps": "warmup_steps",
+}
+"""Flags whose default comes from the model's family (``models.registry.train_defaults``) when
+the command line does not give them; the library-wide default otherwise."""
+
+
+class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """Defaults in the help, except where the help itself says where the default comes from."""
+
+    def _get_help_string(self, action):
+        if action.default is None and "default" in (action.help or ""):
+            return action.help
+        return super()._get_help_string(action)
 
 
 class _Parser(argparse.ArgumentParser):
@@ -112,6 +142,14 @@ def _int(text: str) -> int:
     return int(value)
 
 
+def _on_off(text: str) -> bool:
+    """argparse type: ``on`` or ``off``."""
+    value = text.strip().lower()
+    if value not in ("on", "off"):
+        raise argparse.ArgumentTypeError(f"{text!r} is not on or off")
+    return value == "on"
+
+
 def _float(text: str) -> float:
     try:
         return float(text)
@@ -123,12 +161,13 @@ def build_parser() -> argparse.ArgumentParser:
     d, o = TrainConfig(), OptimConfig()
     p = _Parser(
         prog="train.py",
-        description="Train a GPT with data, tensor (1D/2D/2.5D/3D) and sequence parallelism.",
+        description="Train a model of the zoo (GPT, BERT, ViT: --list-models) with data, "
+        "tensor (1D/2D/2.5D/3D), sequence and pipeline parallelism.",
         epilog="exit status: 0 done; 2 configuration error; 3 a loss or gradient norm was not "
         "finite (that step is not saved; fp16: see README); 4 lost contact with a peer process "
         "(--peer-timeout); 130/143 SIGINT/SIGTERM (a checkpoint "
         "at the step reached, then exit; re-run the same command to resume)",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        formatter_class=_HelpFormatter,
         allow_abbrev=False,  # --step is a mistake for --steps, not an abbreviation of it
     )
     a = p.add_argument
@@ -158,6 +197,15 @@ def build_parser() -> argparse.ArgumentParser:
         "(gathered per layer)",
     )
     a(
+        "--collective-matmul",
+        type=_on_off,
+        default="off",
+        metavar="{on,off}",
+        help="run the tensor linears' all-gathers and reduce-scatters (1d: all-reduces) as "
+        "ppermute rings interleaved with partial matmuls (same values and bytes; "
+        "docs/performance.md); needs --tensor-mode 1d|2d|2.5d|3d",
+    )
+    a(
         "--pipeline",
         default=None,
         help=f"schedule on the pipe axis: one of {', '.join(PIPELINES)} (1f1b when pipe>1)",
@@ -174,16 +222,33 @@ def build_parser() -> argparse.ArgumentParser:
         default=1,
         help="model chunks per pipeline stage (interleaved 1F1B), e.g. 2",
     )
-    a("--steps", type=_int, default=d.steps, help="total steps of the run")
-    a("--batch-size", type=_int, default=d.batch_size, help="global batch in sequences")
-    a("--seq-len", type=_int, default=d.seq_len, help="tokens per sequence")
+    family = "or the model family's (--list-models)"
+    a(
+        "--steps",
+        type=_int,
+        default=None,
+        help=f"total steps of the run (default {d.steps}, {family})",
+    )
+    a(
+        "--batch-size",
+        type=_int,
+        default=None,
+        help=f"global batch in sequences (images) (default {d.batch_size}, {family})",
+    )
+    a(
+        "--seq-len",
+        type=_int,
+        default=None,
+        help=f"tokens per sequence (ViT: per image) (default {d.seq_len}, {family})",
+    )
     a("--optimizer", default=o.name, help=f"one of {', '.join(OPTIMIZERS)}")
-    a("--lr", type=_float, default=o.lr, help="peak learning rate")
+    a("--lr", type=_float, default=None, help=f"peak learning rate (default {o.lr}, {family})")
     a(
         "--warmup-steps",
         type=_int,
-        default=o.warmup_steps,
-        help="steps of linear warm-up from 0 to --lr; then cosine decay to the end",
+        default=None,
+        help="steps of linear warm-up from 0 to --lr; then cosine decay to the end (default "
+        f"{o.warmup_steps}, {family})",
     )
     a(
         "--weight-decay",
@@ -228,13 +293,18 @@ def build_parser() -> argparse.ArgumentParser:
         default=d.attention,
         help="block attention kernel: auto (cuDNN flash attention on a GPU in bf16), xla, cudnn",
     )
-    a("--data", default=d.data, help="stdlib (embedded), synthetic, a text file or a .npy file")
+    a(
+        "--data",
+        default=None,
+        help="text: stdlib (embedded), synthetic, a text file or a .npy file; images: digits, "
+        f"shapes (default {d.data}, {family})",
+    )
     a(
         "--eval-every",
         type=_int,
-        default=d.eval_every,
-        help="held-out loss (the corpus's last 5%%) before step 1, every N steps and at the end; "
-        "0: off",
+        default=None,
+        help="held-out loss (ViT: and accuracy) before step 1, every N steps and at the end; "
+        f"0: off (default {d.eval_every}, {family})",
     )
     a(
         "--peak-tflops",
@@ -257,6 +327,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     a("--metrics-file", default=None, help="JSON lines, one record per step")
     a("--tensorboard-dir", default=None, help="write TensorBoard event files here")
+    a(
+        "--init-from-hf",
+        default=None,
+        metavar="DIR",
+        help="initialise the parameters from a Hugging Face save_pretrained directory (GPT-2); "
+        "its config.json sets the architecture (docs/huggingface.md)",
+    )
     a("--checkpoint-dir", default=None, help="save here; re-run the same command to resume")
     a(
         "--checkpoint-every",
@@ -359,17 +436,16 @@ def devices_before_jax(args, devices_set: bool) -> int | None:
 def check_before_jax(args, n_devices: int) -> TrainConfig:
     """Every rule of :mod:`colossal_jax.rules` for the run (the model sized for ``--data``),
     except the memory floor, which needs the devices' memory."""
-    from colossal_jax.data import vocab_of
+    from colossal_jax.tasks import data_vocab
+    from models.registry import task_of
 
     cfg = config_from_args(args, n_devices)
-    rules.check_with_model(cfg, rules.resolve_model(cfg, vocab_of(cfg.data)))
+    model = rules.resolve_model(cfg, data_vocab(task_of(cfg.model), cfg.data))
+    rules.check_with_model(cfg, model)
     return cfg
 
 
 def _apply_sets(cfg: TrainConfig, sets: list[str]) -> TrainConfig:
-    from models.configs import GPTConfig
-
-    model_types = field_types(GPTConfig)
     groups = {"optim": OptimConfig, "parallel": ParallelConfig}
     model_over = dict(cfg.model_overrides)
     for item in sets:
@@ -378,12 +454,16 @@ def _apply_sets(cfg: TrainConfig, sets: list[str]) -> TrainConfig:
         key, value = (s.strip() for s in item.split("=", 1))
         head, _, rest = key.partition(".")
         if head == "model" and rest:
+            _check_model_name(cfg.model)
+            from models.registry import MODELS, family_of
+
+            model_types = field_types(family_of(cfg.model).config_class)
             if rest not in model_types:
                 raise ConfigError(
                     f"--set {key}: model has no field {rest!r}; "
                     f"{suggest(rest, model_types, suffix=' ')}fields: {', '.join(model_types)}"
                 )
-            example = getattr(GPTConfig(), rest)
+            example = getattr(MODELS[cfg.model], rest)
             model_over[rest] = _coerce(key, value, model_types[rest], example)
         elif head in groups and rest:
             types_ = field_types(groups[head])
@@ -402,7 +482,7 @@ def _apply_sets(cfg: TrainConfig, sets: list[str]) -> TrainConfig:
             types_ = field_types(TrainConfig)
             plain = [t for t in types_ if t not in ("optim", "parallel", "model_overrides")]
             if name not in plain:
-                near = suggest(key, plain + [f"model.{f}" for f in model_types], suffix=" ")
+                near = suggest(key, plain, suffix=" ")
                 raise ConfigError(
                     f"--set {key}: unknown field; {near}use model.*, "
                     f"optim.*, parallel.* or one of {', '.join(plain)}"
@@ -424,7 +504,7 @@ def _coerce(key: str, value: str, annotation, example) -> object:
 
 
 def _check_model_name(name: str) -> None:
-    from models.configs import MODELS
+    from models.registry import MODELS
 
     if name not in MODELS:
         raise ConfigError(
@@ -437,23 +517,76 @@ def _architecture(name: str, overrides: dict) -> dict:
     return preflight.architecture(name, overrides)
 
 
+def model_rows() -> list[dict]:
+    """Every model of every family (registration order): name, family, paper, task, layers,
+    hidden, heads and the parameters a run with the family's default data trains
+    (:func:`colossal_jax.tasks.sized_for_default_data`), plus the config's own count where its
+    vocabulary differs."""
+    from colossal_jax.tasks import sized_for_default_data
+    from models.registry import FAMILIES
+
+    rows = []
+    for family in FAMILIES.values():
+        for name, m in family.sizes.items():
+            sized = sized_for_default_data(family.task, m)
+            rows.append(
+                {
+                    "name": name,
+                    "family": family.name,
+                    "paper": family.paper,
+                    "task": family.task,
+                    "layers": m.n_layer,
+                    "hidden": m.n_embd,
+                    "heads": m.n_head,
+                    "params": param_count(sized),
+                    "own_vocab": m.vocab_size if sized.vocab_size != m.vocab_size else None,
+                    "own_params": param_count(m),
+                }
+            )
+    return rows
+
+
 def list_models() -> list[str]:
+    """``--list-models``: one line per model of every family (:func:`model_rows`)."""
     from colossal_jax.data import BYTE_VOCAB
-    from models.configs import MODELS
 
     lines = [
-        f"{'model':12s} {'layers':>6s} {'hidden':>6s} {'heads':>5s}  parameters with the default "
-        f"data (--data stdlib: {BYTE_VOCAB}-token byte vocabulary), as a run prints them"
+        f"{'model':12s} {'family':6s} {'task':20s} {'layers':>6s} {'hidden':>6s} {'heads':>5s}  "
+        "parameters with the family's default data, as a run prints them (text: the "
+        f"{BYTE_VOCAB}-token byte vocabulary, masked LM with its special tokens; ViT: its "
+        "image size and classes)"
     ]
-    for name, m in MODELS.items():
-        n = param_count(dataclasses.replace(m, vocab_size=BYTE_VOCAB))
+    for r in model_rows():
         own = (
-            f" ({param_count(m) / 1e6:.2f}M with --set model.vocab_size={m.vocab_size})"
-            if m.vocab_size != BYTE_VOCAB
+            f" ({r['own_params'] / 1e6:.2f}M with --set model.vocab_size={r['own_vocab']})"
+            if r["own_vocab"] is not None
             else ""
         )
-        lines.append(f"{name:12s} {m.n_layer:6d} {m.n_embd:6d} {m.n_head:5d}  {n / 1e6:.2f}M{own}")
+        lines.append(
+            f"{r['name']:12s} {r['family']:6s} {r['task']:20s} {r['layers']:6d} "
+            f"{r['hidden']:6d} {r['heads']:5d}  {r['params'] / 1e6:.2f}M{own}"
+        )
     return lines
+
+
+def model_table() -> str:
+    """The README's model table (markdown) from :func:`model_rows`."""
+    lines = [
+        "| model | family | task | layers | hidden | heads | parameters (default data) | "
+        "parameters (own vocabulary) |",
+        "|---|---|---|---:|---:|---:|---:|---:|",
+    ]
+    for r in model_rows():
+        own = (
+            f"{r['own_params'] / 1e6:,.2f}M ({r['own_vocab']:,})"
+            if r["own_vocab"] is not None
+            else ""
+        )
+        lines.append(
+            f"| `{r['name']}` | {r['family']} | {r['task']} | {r['layers']} | {r['hidden']} | "
+            f"{r['heads']} | {r['params'] / 1e6:,.2f}M | {own} |"
+        )
+    return "\n".join(lines)
 
 
 def list_meshes() -> list[str]:
@@ -479,21 +612,24 @@ def config_from_args(args, n_devices: int) -> TrainConfig:
         modes["seq_mode"] = "ring"
     if args.pipeline is not None:
         modes["pipeline"] = args.pipeline
+    modes["collective_matmul"] = args.collective_matmul
     parallel = ParallelConfig(
         **mesh, **modes, microbatches=args.microbatches, virtual_stages=args.virtual_stages
     )
+    _check_model_name(args.model)
+    value = _with_family_defaults(args)
     optim = OptimConfig(
         name=args.optimizer,
-        lr=args.lr,
-        warmup_steps=args.warmup_steps,
+        lr=value("lr"),
+        warmup_steps=value("warmup_steps"),
         weight_decay=args.weight_decay,
         clip_norm=args.clip_norm,
     )
     cfg = TrainConfig(
         model=args.model,
-        steps=args.steps,
-        batch_size=args.batch_size,
-        seq_len=args.seq_len,
+        steps=value("steps"),
+        batch_size=value("batch_size"),
+        seq_len=value("seq_len"),
         precision=args.precision,
         remat=args.remat,
         grad_accum=args.grad_accum,
@@ -501,24 +637,60 @@ def config_from_args(args, n_devices: int) -> TrainConfig:
         offload=args.offload,
         seed=args.seed,
         attention=args.attention,
-        data=args.data,
+        data=value("data"),
         checkpoint_dir=args.checkpoint_dir,
         checkpoint_every=args.checkpoint_every,
         keep_checkpoints=args.keep_checkpoints,
         metrics_file=args.metrics_file,
         tensorboard_dir=args.tensorboard_dir,
-        eval_every=args.eval_every,
+        eval_every=value("eval_every"),
         peak_tflops=args.peak_tflops,
         xla_preset=args.xla_preset,
         profile_dir=args.profile_dir,
         profile_steps=args.profile_steps or ("3:5" if args.profile_dir else None),
+        init_from_hf=args.init_from_hf,
         optim=optim,
         parallel=parallel,
     )
+    cfg = dataclasses.replace(cfg, **_other_family_defaults(args.model))
     cfg = _apply_sets(cfg, args.set)
     _check_model_name(cfg.model)
     rules.check_config(cfg, n_devices=n_devices)
     return cfg
+
+
+def _with_family_defaults(args):
+    """``value(dest)``: the flag as given, else the model family's default, else the library's."""
+    from models.registry import train_defaults
+
+    family = {
+        dest: train_defaults(args.model)[k]
+        for k, dest in FAMILY_FLAGS.items()
+        if k in train_defaults(args.model)
+    }
+    library = {
+        **{f.name: getattr(TrainConfig(), f.name) for f in dataclasses.fields(TrainConfig)},
+        **{f.name: getattr(OptimConfig(), f.name) for f in dataclasses.fields(OptimConfig)},
+    }
+
+    def value(dest: str):
+        given = getattr(args, dest)
+        if given is not None:
+            return given
+        return family.get(dest, library[dest])
+
+    return value
+
+
+def _other_family_defaults(model: str) -> dict:
+    """The family's training defaults that no flag carries (e.g. ``eval_batches``)."""
+    from models.registry import train_defaults
+
+    return {
+        k: v
+        for k, v in train_defaults(model).items()
+        if k not in FAMILY_FLAGS and not k.startswith("optim.")
+    }
 
 
 def _log_after(notes: list[str]):
@@ -555,6 +727,10 @@ def _init_distributed(args, cluster: str | None) -> None:
     # timeout after a peer's death): three times the watchdog's timeout, so that a peer lost
     # during a step is reported by the watchdog's one line
     timeout = max(1, math.ceil(3 * args.peer_timeout))
+    # JAX's preemption service takes SIGTERM over in C++ (for reached_preemption_sync_point),
+    # so Python's handler would never see it. The steps carry every process's stop flag instead
+    # (train.stop_flags): one mechanism for SIGINT and SIGTERM, agreed at the same step by all.
+    jax.config.update("jax_enable_preemption_service", False)
     if cluster is not None:
         print(f"cluster: {cluster}; jax.distributed.initialize() detects the rest", file=sys.stderr)
         jax.distributed.initialize(heartbeat_timeout_seconds=timeout)
@@ -565,6 +741,7 @@ def _init_distributed(args, cluster: str | None) -> None:
             process_id=args.process_id,
             heartbeat_timeout_seconds=timeout,
         )
+    signals.install()  # again, in case the runtime replaced a handler
     watchdog.start(args.peer_timeout, exit_code=PEER_LOST_EXIT)
 
 
@@ -632,7 +809,12 @@ def run() -> None:
     :func:`main`, then exit with its status. (``main`` alone, as tests call it, leaves the
     handlers of the calling program alone.)"""
     signals.install()
-    sys.exit(main())
+    code = main()
+    # Python's finalisation resets its own signal handlers to the default action before JAX's
+    # and orbax's teardown ends, so a Ctrl-C there would kill the finished process by signal;
+    # the run is over and its status decided, so ignore the two signals from here on
+    signals.ignore()
+    sys.exit(code)
 
 
 if __name__ == "__main__":

@@ -48,10 +48,10 @@ class Shape:
         return self.batch * self.seq
 
 
-def parallel_config(grid: Grid) -> ParallelConfig:
+def parallel_config(grid: Grid, collective_matmul: bool = False) -> ParallelConfig:
     if grid.mode == "none":
         return ParallelConfig()
-    return ParallelConfig(tensor_mode=grid.mode, **grid.mesh())
+    return ParallelConfig(tensor_mode=grid.mode, collective_matmul=collective_matmul, **grid.mesh())
 
 
 def _abstract(state, shardings, dtype):
@@ -103,9 +103,12 @@ def compile_fwd_bwd(
     return fn.lower(params, x, x, pos).compile()
 
 
-def compile_block(grid: Grid, block: BlockName, shape: Shape, devices=None):
-    """The compiled forward + backward of ``block`` in ``grid``'s tensor mode."""
-    cfg = parallel_config(grid)
+def compile_block(
+    grid: Grid, block: BlockName, shape: Shape, devices=None, *, collective_matmul: bool = False
+):
+    """The compiled forward + backward of ``block`` in ``grid``'s tensor mode (its linears as
+    collective matmuls with ``collective_matmul``)."""
+    cfg = parallel_config(grid, collective_matmul)
     devices = list(devices if devices is not None else jax.devices())[: grid.p]
     if len(devices) < grid.p:
         raise ValueError(
@@ -146,9 +149,11 @@ def theory_bytes(grid: Grid, block: BlockName, shape: Shape) -> float:
     return elements * jnp.dtype(shape.dtype).itemsize
 
 
-def measure(grid: Grid, block: BlockName, shape: Shape, devices=None) -> dict:
+def measure(
+    grid: Grid, block: BlockName, shape: Shape, devices=None, *, collective_matmul: bool = False
+) -> dict:
     """One benchmark record (the ``bench_comm.py`` JSON schema plus details)."""
-    compiled = compile_block(grid, block, shape, devices)
+    compiled = compile_block(grid, block, shape, devices, collective_matmul=collective_matmul)
     report = analyze(compiled.as_text())
     mem = compiled.memory_analysis()
     measured = report.total_bytes
@@ -158,6 +163,7 @@ def measure(grid: Grid, block: BlockName, shape: Shape, devices=None) -> dict:
         "devices": grid.p,
         "grid": grid.describe(),
         "block": block,
+        "collective_matmul": collective_matmul,
         "measured_bytes": measured,
         "theory_bytes": theory,
         "ratio": measured / theory if theory else None,

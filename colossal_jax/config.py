@@ -57,6 +57,10 @@ class ParallelConfig:
       microbatches: M, microbatches per step through the pipeline (a microbatch is
         ``batch_size / M`` sequences); ``None``: ``2·pipe``.
       virtual_stages: V, model chunks per stage of the interleaved schedule.
+      collective_matmul: run the tensor linears' all-gathers and reduce-scatters (1D: the
+        all-reduces) as ``ppermute`` rings interleaved with partial matmuls (Wang et al. 2023;
+        docs/performance.md); same values and bytes, needs a tensor mode. Off by default: on a
+        simulated CPU mesh it did not measure faster (docs/performance.md).
     """
 
     data: int = 1
@@ -71,6 +75,7 @@ class ParallelConfig:
     pipeline: str | None = None
     microbatches: int | None = None
     virtual_stages: int = 1
+    collective_matmul: bool = False
 
     def __post_init__(self):
         if self.pipeline is None:
@@ -91,6 +96,8 @@ class ParallelConfig:
     def describe(self) -> str:
         axes = " × ".join(f"{a}={n}" for a, n in self.axis_sizes.items())
         modes = f"tensor_mode={self.tensor_mode} seq_mode={self.seq_mode} zero={self.zero}"
+        if self.collective_matmul:
+            modes += " collective_matmul=on"
         if self.pipe > 1:
             modes += f" pipeline={self.pipeline} microbatches={self.num_microbatches}" + (
                 f" virtual_stages={self.virtual_stages}" if self.virtual_stages > 1 else ""
@@ -331,7 +338,9 @@ class TrainConfig:
     """One training run.
 
     Attributes:
-      model: a name from ``models.gpt.MODELS``.
+      model: a name from ``models.registry.MODELS`` (any family: ``gpt2-tiny``, ``bert-tiny``,
+        ``vit-tiny`` …); its family decides the data task and may carry training defaults
+        (:meth:`for_model`).
       model_overrides: ``field -> value`` applied to the named model config.
       steps: total optimizer steps (a resumed run stops where an uninterrupted one would).
       batch_size: global batch in sequences, whatever the mesh.
@@ -368,6 +377,10 @@ class TrainConfig:
         applied before JAX starts; ``None``: XLA's defaults.
       profile_dir, profile_steps: write a ``jax.profiler`` trace of steps ``"A:B"`` (1-based,
         inclusive) to ``profile_dir`` (:mod:`colossal_jax.profiling`).
+      init_from_hf: a Hugging Face ``save_pretrained`` directory whose weights initialise the
+        parameters (placed straight into their shardings; :mod:`colossal_jax.hf`). Its
+        ``config.json`` sets the architecture (``model_overrides`` may not contradict it) and
+        must be of ``model``'s family; a checkpoint to resume from wins over it.
     """
 
     model: str = "gpt2-tiny"
@@ -396,8 +409,27 @@ class TrainConfig:
     xla_preset: str | None = None
     profile_dir: str | None = None
     profile_steps: str | None = None
+    init_from_hf: str | None = None
     optim: OptimConfig = field(default_factory=OptimConfig)
     parallel: ParallelConfig = field(default_factory=ParallelConfig)
+
+    @classmethod
+    def for_model(cls, model: str, **fields: Any) -> TrainConfig:
+        """A run of ``model`` from its family's training defaults (``vit-tiny``: the digits, 17
+        tokens per image, its steps, batch and learning rate; :func:`models.registry.
+        train_defaults`), then ``fields``; an ``optim`` given replaces the family's optimizer
+        defaults whole. ``TrainConfig(model=...)`` keeps the library-wide defaults instead."""
+        from models.registry import train_defaults
+
+        try:
+            defaults = train_defaults(model)
+        except KeyError as e:
+            raise ConfigError(e.args[0]) from None
+        optim = {k.removeprefix("optim."): v for k, v in defaults.items() if k.startswith("optim.")}
+        plain = {k: v for k, v in defaults.items() if not k.startswith("optim.")}
+        if "optim" not in fields:
+            fields["optim"] = OptimConfig(**optim)
+        return cls(model=model, **{**plain, **fields})
 
     def validate(self) -> None:
         """Raise :class:`ConfigError` for an impossible field (:func:`rules.check_config`
@@ -429,12 +461,9 @@ def warmup_note(cfg: TrainConfig) -> str | None:
 
 
 def param_count(m: Any) -> int:
-    """Parameters of ``models.gpt.GPT(m)`` for a GPTConfig ``m``: embeddings, layers (with biases
-    and layer norms), the final norm and the untied LM head."""
-    h, w, v = m.n_embd, m.mlp_ratio * m.n_embd, m.vocab_size
-    layer = 4 * h * h + 4 * h + 2 * h * w + w + h + 4 * h  # attention, MLP, two layer norms
-    positions = m.block_size * h if m.position == "learned" else 0
-    return v * h + positions + m.n_layer * layer + 2 * h + h * v
+    """Parameters of the module a model config ``m`` (any family's,
+    :class:`models.registry.ModelConfig`) builds: its own count."""
+    return m.param_count()
 
 
 def state_bytes(cfg: TrainConfig, m: Any) -> float:

@@ -197,6 +197,26 @@ class Batches:
                 f"{self.corpus.vocab_size}"
             )
 
+    @property
+    def name(self) -> str:
+        return self.corpus.name
+
+    def evaluation_batches(self, requested: int) -> int:
+        """Held-out batches an evaluation averages: as many as asked (``eval_batches``)."""
+        return requested
+
+    def epochs(self, steps: int) -> str | None:
+        """A note when ``steps`` read more tokens than the corpus holds, else None."""
+        toks = self.corpus.tokens
+        read = steps * self.batch_size * self.seq_len
+        if toks is None or read <= len(toks):
+            return None
+        return (
+            f"the run reads {read:,} training tokens but the training split of "
+            f"{self.corpus.name} holds {len(toks):,}: about {read / len(toks):.1f} epochs "
+            "(sequences repeat)"
+        )
+
     def batch(self, step: int) -> dict[str, np.ndarray]:
         rng = np.random.default_rng([self.seed, step])
         b, s = self.batch_size, self.seq_len

@@ -11,6 +11,12 @@ docs/formulas.md, §1):
 | all-to-all of S | S·(n−1)/n |
 | collective-permute of S | S |
 
+A collective-permute is counted by what it sends, whichever form it takes: one operand, a
+combined permute of several (a tuple, every element travels), or an async
+``collective-permute-start`` (its type is ``(operand, result, context…)``: the result counts).
+Collective-matmul rings (:mod:`colossal_jax.tensor.collective_matmul`) are ``n − 1`` such
+permutes of one block each.
+
 Ops inside called computations (fusions, async wrappers, conditionals) are followed, and ops
 inside a ``while`` body are multiplied by the loop's ``known_trip_count`` — ring attention's
 permutes live in such a loop. ``-done`` halves of async pairs are skipped (the ``-start`` is
@@ -170,10 +176,32 @@ def _result_bytes(type_text: str, op_text: str) -> float:
     if op_text == "all-gather-start":
         return sizes[-1]  # (operand, result)
     if op_text == "collective-permute-start":
-        return sizes[1] if len(sizes) > 1 else sizes[0]  # (operand, result, ctx...)
+        # (operand, result, ctx...); a combined permute's operand and result are tuples
+        parts = _tuple_elements(type_text)
+        return sum(array_bytes(parts[1] if len(parts) > 1 else parts[0]))
     if op_text in ("all-reduce-start", "all-to-all", "all-reduce"):
         return sum(sizes)  # tuple all-reduce / all-to-all: every operand travels
     return sizes[-1] if op_text.endswith("-start") else sum(sizes)
+
+
+def _tuple_elements(type_text: str) -> list[str]:
+    """The top-level elements of an HLO tuple type (``[type_text]`` for an array type)."""
+    text = type_text.strip()
+    if not text.startswith("("):
+        return [text]
+    parts, depth, start = [], 0, 1
+    for i, ch in enumerate(text):
+        if ch in "([{":
+            depth += 1
+        elif ch in ")]}":
+            depth -= 1
+            if depth == 0:
+                parts.append(text[start:i])
+                break
+        elif ch == "," and depth == 1:
+            parts.append(text[start:i])
+            start = i + 1
+    return [p.strip() for p in parts if p.strip()]
 
 
 def _split_computations(text: str) -> tuple[dict[str, list[str]], str | None]:

@@ -47,7 +47,6 @@ from dataclasses import dataclass
 from typing import Any
 
 import jax
-import jax.numpy as jnp
 
 from colossal_jax.checkpoint import abstract_like
 from colossal_jax.config import ParallelConfig, TrainConfig, param_count
@@ -96,14 +95,21 @@ def config(
     )
 
 
-def abstract_batch(run) -> dict[str, jax.ShapeDtypeStruct]:
-    shape = (run.cfg.batch_size, run.cfg.seq_len)
-    return {
-        k: jax.ShapeDtypeStruct(
-            shape, jnp.float32 if k == "weights" else jnp.int32, sharding=run.batch_sharding
-        )
+def abstract_batch(run, *, train_step: bool = False) -> dict[str, jax.ShapeDtypeStruct]:
+    """The run's batch as abstract arrays in its sharding: the shapes and dtypes of its task's
+    batches (``[b, s]``; image tokens carry a feature dimension); with ``train_step`` also the
+    per-device stop flags the train step takes (``train.stop_flags``: one int32 per device)."""
+    from colossal_jax.train import stop_sharding
+
+    host = run.batches.batch(0)
+    batch = {
+        k: jax.ShapeDtypeStruct(host[k].shape, host[k].dtype, sharding=run.batch_sharding)
         for k in BATCH_KEYS
     }
+    if train_step:
+        stop = stop_sharding(run.mesh)
+        batch["stop"] = jax.ShapeDtypeStruct((run.mesh.size,), "int32", sharding=stop)
+    return batch
 
 
 def formula_bytes(run, *, include_opt_scalars: bool = False) -> dict[str, int]:
@@ -165,8 +171,10 @@ def measure(
 
     params = abstract_like(run.abstract_params, run.param_shardings)
     opt = abstract_like(jax.eval_shape(run.tx.init, run.abstract_params), run.opt_shardings)
-    step_stats = _stats(make_train_step(run).lower(params, opt, batch).compile())
-    opt_bytes = int(step_stats.argument_size_in_bytes) - param_bytes - batch_bytes
+    step_batch = abstract_batch(run, train_step=True)
+    step_stats = _stats(make_train_step(run).lower(params, opt, step_batch).compile())
+    stop_bytes = 4  # the step's one int32 stop flag per device
+    opt_bytes = int(step_stats.argument_size_in_bytes) - param_bytes - batch_bytes - stop_bytes
     formula = formula_bytes(run)
     measured = param_bytes + grad_bytes + opt_bytes
     return {
@@ -212,7 +220,9 @@ def step_bytes(run) -> dict:
 
     params = abstract_like(run.abstract_params, run.param_shardings)
     opt = abstract_like(jax.eval_shape(run.tx.init, run.abstract_params), run.opt_shardings)
-    stats = _stats(make_train_step(run).lower(params, opt, abstract_batch(run)).compile())
+    stats = _stats(
+        make_train_step(run).lower(params, opt, abstract_batch(run, train_step=True)).compile()
+    )
     return {
         "step_bytes": step_footprint(stats),
         "argument_bytes": int(stats.argument_size_in_bytes),

@@ -1,7 +1,7 @@
 """Numbers a user can trust: tokens/s, model FLOP utilisation, memory; JSONL and TensorBoard.
 
-MFU = achieved model FLOP/s ÷ peak, with model FLOPs per token from
-``GPTConfig.flops_per_token`` (``6·N + 12·L·s·h``, docs/formulas.md). Peaks are dense bf16
+MFU = achieved model FLOP/s ÷ peak, with model FLOPs per token from the model config's
+``flops_per_token`` (``6·N + 12·L·s·h``, docs/formulas.md; every family). Peaks are dense bf16
 tensor-core figures; on a device whose peak is unknown (the CPU) MFU is reported as ``null``,
 never guessed.
 """

@@ -2,7 +2,9 @@
 
 Weight decay (and the LAMB/LARS trust ratio) applies to matrices only: biases and layer-norm
 parameters are excluded, as in You et al. (2017, 2019). Under ``jit`` with sharded parameters,
-every norm below is of the whole tensor (XLA inserts the cross-device reductions).
+every norm below is of a whole layer's tensor (XLA inserts the cross-device reductions): a
+parameter stacked over layers (:mod:`colossal_jax.layers.stack`) gets one norm, one trust ratio
+and the decay rule of its rank per layer.
 
 LARS follows the paper (You, Gitman, Ginsburg 2017, arXiv 1708.03888): the local rate is
 ``η_l = trust · ‖w‖ / (‖g‖ + λ‖w‖)`` and momentum accumulates ``η_l · (g + λw)``. (optax.lars
@@ -14,13 +16,15 @@ parameters).
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
 import optax
+from flax import nnx
 
 from colossal_jax.config import OptimConfig
+from colossal_jax.layers.stack import is_stacked
 
 
 def schedule(cfg: OptimConfig, total_steps: int) -> optax.Schedule:
@@ -35,9 +39,65 @@ def schedule(cfg: OptimConfig, total_steps: int) -> optax.Schedule:
     )
 
 
+def _is_variable(x: Any) -> bool:
+    return isinstance(x, nnx.Variable)
+
+
+def _layer_stacked(x: Any) -> bool:
+    """Whether ``x`` (an ``nnx`` Variable of a model's state, or a plain array) stacks one tensor
+    per layer on its leading dimension (:mod:`colossal_jax.layers.stack`)."""
+    return _is_variable(x) and is_stacked(x)
+
+
+def _array(x: Any) -> jax.Array:
+    return jax.tree.leaves(x)[0] if _is_variable(x) else x
+
+
 def matrix_mask(params):
-    """True for parameters that take weight decay and trust ratios (rank ≥ 2)."""
-    return jax.tree.map(lambda p: jnp.ndim(p) >= 2, params)
+    """True for parameters that take weight decay and trust ratios: matrices, rank ≥ 2 per
+    layer (a layer-stacked bias ``[L, k]`` is a stack of vectors, not a matrix)."""
+
+    def is_matrix(x):
+        return jnp.ndim(_array(x)) - _layer_stacked(x) >= 2
+
+    return jax.tree.map(is_matrix, params, is_leaf=_is_variable)
+
+
+def _per_tensor(fn, updates, params):
+    """``fn(g, w, norm)`` for each parameter, with ``norm(x)`` the L2 norm of each layer's tensor
+    (broadcastable to ``x``): the whole tensor, or per layer for a layer-stacked parameter, so
+    trust ratios are the papers' per-layer ones however the layers are stored."""
+
+    def one(u, p):
+        stacked = _layer_stacked(u) or _layer_stacked(p)
+
+        def norm(x):
+            axes = tuple(range(1, x.ndim)) if stacked else None
+            return jnp.sqrt(jnp.sum(jnp.square(x.astype(jnp.float32)), axis=axes, keepdims=True))
+
+        new = fn(_array(u), _array(p), norm)
+        return jax.tree.map(lambda _: new, u) if _is_variable(u) else new
+
+    return jax.tree.map(one, updates, params, is_leaf=_is_variable)
+
+
+def scale_by_layer_trust_ratio() -> optax.GradientTransformation:
+    """LAMB's trust ratio ``‖w‖/‖u‖`` per layer (``optax.scale_by_trust_ratio`` takes one
+    ratio per array, which for a layer-stacked parameter would be one ratio for all layers);
+    1 where either norm is 0."""
+
+    def update_fn(updates, state, params):
+        if params is None:
+            raise ValueError("scale_by_layer_trust_ratio needs the parameters")
+
+        def one(u, w, norm):
+            w_norm, u_norm = norm(w), norm(u)
+            ratio = jnp.where((w_norm > 0) & (u_norm > 0), w_norm / u_norm, 1.0)
+            return (u * ratio).astype(u.dtype)
+
+        return _per_tensor(one, updates, params), state
+
+    return optax.GradientTransformation(lambda params: optax.EmptyState(), update_fn)
 
 
 class LarsState(NamedTuple):
@@ -61,14 +121,13 @@ def scale_by_lars(
         if params is None:
             raise ValueError("scale_by_lars needs the parameters")
 
-        def one(g, w):
-            w_norm = jnp.linalg.norm(w)
-            g_norm = jnp.linalg.norm(g)
+        def one(g, w, norm):
+            w_norm, g_norm = norm(w), norm(g)
             ratio = trust * w_norm / (g_norm + weight_decay * w_norm + eps)
             ratio = jnp.where((w_norm > 0) & (g_norm > 0), ratio, 1.0)
             return (ratio * (g + weight_decay * w)).astype(g.dtype)
 
-        return jax.tree.map(one, updates, params), state
+        return _per_tensor(one, updates, params), state
 
     return optax.GradientTransformation(init_fn, update_fn)
 
@@ -94,7 +153,7 @@ def make_optimizer(cfg: OptimConfig, total_steps: int) -> optax.GradientTransfor
         parts += [
             optax.scale_by_adam(b1=cfg.b1, b2=cfg.b2, eps=cfg.eps),
             optax.add_decayed_weights(cfg.weight_decay, mask=matrix_mask),
-            optax.masked(optax.scale_by_trust_ratio(), matrix_mask),
+            optax.masked(scale_by_layer_trust_ratio(), matrix_mask),
             optax.scale_by_learning_rate(lr),
         ]
     elif cfg.name == "lars":

@@ -219,7 +219,9 @@ def check_tensorboard_dir(value: str) -> None:
 
 def check_data(value: str) -> None:
     """A data file must hold usable tokens (see ``data.load_corpus``); builtins need no check."""
-    if value in ("stdlib", "synthetic"):
+    from colossal_jax.rules import IMAGE_DATA
+
+    if value in ("stdlib", "synthetic", *IMAGE_DATA):
         return
     from colossal_jax.data import load_corpus
 
@@ -230,19 +232,21 @@ def architecture(name: str, overrides: dict) -> dict:
     """The model config ``name`` with ``overrides`` (``model_config``) as a dict of fields."""
     import dataclasses
 
-    from models.configs import model_config
+    from models.registry import model_config
 
     return dataclasses.asdict(model_config(name, **overrides))
 
 
-def _sized_for_data(overrides: dict, data: str | None) -> dict:
-    """``overrides`` with the vocabulary of ``data`` where they do not set one (as
-    ``rules.resolve_model`` sizes the model)."""
-    from colossal_jax.data import vocab_of
+def _sized_for_data(overrides: dict, data: str | None, model: str) -> dict:
+    """``overrides`` with the vocabulary ``data`` gives the model ``model`` where they do not
+    set one (as ``rules.resolve_model`` sizes the model)."""
+    from colossal_jax.tasks import data_vocab, model_vocab
+    from models.registry import task_of
 
     if "vocab_size" in overrides or data is None:
         return dict(overrides)
-    vocab = vocab_of(data)
+    task = task_of(model)
+    vocab = model_vocab(task, data_vocab(task, data))
     return dict(overrides) if vocab is None else {**overrides, "vocab_size": vocab}
 
 
@@ -288,14 +292,16 @@ def check_resume(cfg, architecture=architecture) -> None:
             before = meta["architecture"]
         else:  # written before the resolved model was saved: size it for the saved data
             try:
-                sized = _sized_for_data(saved.get("model_overrides", {}), old_data)
+                sized = _sized_for_data(saved.get("model_overrides", {}), old_data, saved["model"])
             except ConfigError:  # the saved data file is gone or changed
                 sized = saved.get("model_overrides", {})
             before = architecture(saved["model"], sized)
     except (ValueError, KeyError, TypeError, AttributeError):
         return  # not ours to judge; the restore reports it
+    from colossal_jax.rules import model_overrides
+
     try:
-        now = architecture(cfg.model, _sized_for_data(cfg.model_overrides, cfg.data))
+        now = architecture(cfg.model, _sized_for_data(model_overrides(cfg), cfg.data, cfg.model))
     except (ValueError, TypeError, KeyError):
         return  # a bad model override or data file; building the model reports it
     where = f"--checkpoint-dir {cfg.checkpoint_dir} holds step {step} of a run with"

@@ -21,7 +21,10 @@ whole run before JAX starts. Topics, in the order :func:`check_config` applies t
 - the run: sequence length against the model, batch shards, sequence split, pipeline chunks and
   microbatches, Ulysses heads, the tensor mode's divisibility of hidden/mlp/heads/vocab, learned
   positions (:func:`check_run`, :func:`tensor_split`, :func:`batch_shards`);
-- memory: the training-state floor against a capacity (:func:`check_memory`).
+- memory: the training-state floor against a capacity (:func:`check_memory`);
+- initialisation from a Hugging Face directory: its family, the options our model computes, its
+  weights, and ``--set model.*`` against its architecture (:func:`check_init_from_hf`,
+  :func:`model_overrides`).
 
 Later features add their rules here: a new function in the matching topic (or a new topic) that
 raises ``ConfigError`` with the flag, the bad value and an example that works, called from the
@@ -65,9 +68,9 @@ def check_config(
     memory: tuple[int, int] | None = None,
 ) -> None:
     """Every device-free rule of ``cfg``: the parallel config (against ``n_devices`` when
-    given), the training and optimizer fields and, with a resolved ``model`` (a GPTConfig), the
-    model and run rules; with ``memory = (capacity bytes, devices sharing it)`` also the
-    training-state floor."""
+    given), the training and optimizer fields and, with a resolved ``model`` (any family's
+    config), the model, task and run rules; with ``memory = (capacity bytes, devices sharing
+    it)`` also the training-state floor."""
     check_parallel(cfg.parallel, n_devices)
     check_train(cfg)
     if model is not None:
@@ -78,6 +81,7 @@ def check_with_model(cfg: TrainConfig, model: Any, memory: tuple[int, int] | Non
     """The rules that need the resolved model, for a ``cfg`` that passed the others: its
     dimensions, the memory floor (given ``memory``), then the run's divisibilities."""
     check_model(model, _models()[cfg.model], cfg.model_overrides)
+    check_task(cfg, model)
     if memory is not None:
         check_memory(cfg, model, *memory)
     check_run(cfg, model)
@@ -114,6 +118,7 @@ def check_parallel(par: ParallelConfig, n_devices: int | None = None) -> None:
             "but --tensor-mode is none; pass --tensor-mode 1d|2d|2.5d|3d"
         )
     check_grid(par.tensor_mode, par.tensor_row, par.tensor_col, par.tensor_depth)
+    check_collective_matmul(par)
     if par.seq_mode == "none" and par.seq > 1:
         raise ConfigError(
             f"seq={par.seq} but --seq-mode is none; pass --seq-mode ring|ulysses|"
@@ -137,6 +142,36 @@ def check_grid(mode: str, r: int, c: int, d: int) -> None:
         raise ConfigError(
             f"3d needs a cube tensor_row == tensor_col == tensor_depth, got {r}×{c}×{d}; "
             "e.g. tensor=8 gives 2×2×2"
+        )
+
+
+COLLECTIVE_MATMUL_MODES = ("1d", "2d", "2.5d", "3d")
+
+
+def check_collective_matmul(par: ParallelConfig) -> None:
+    """``--collective-matmul on`` decomposes the tensor linears' collectives, so it needs a
+    tensor mode that has them (every mode but ``none``)."""
+    if not isinstance(par.collective_matmul, bool):
+        raise ConfigError(
+            f"--collective-matmul {par.collective_matmul!r} is not on or off; e.g. "
+            "--collective-matmul on"
+        )
+    if par.collective_matmul and par.tensor_mode not in COLLECTIVE_MATMUL_MODES:
+        raise ConfigError(
+            f"--collective-matmul on decomposes the collectives of tensor-parallel linears, but "
+            f"--tensor-mode is {par.tensor_mode}; use --tensor-mode "
+            f"{'|'.join(COLLECTIVE_MATMUL_MODES)} (e.g. --mesh tensor=8 --tensor-mode 1d "
+            "--collective-matmul on) or --collective-matmul off"
+        )
+
+
+def check_ring_blocks(mode: str, what: str, size: int, n: int) -> None:
+    """A collective-matmul ring cuts ``size`` (``what``) into ``n`` equal blocks."""
+    if size % n:
+        up = -(-size // n) * n
+        raise ConfigError(
+            f"--collective-matmul on with {mode} cuts the {what} ({size}) into {n} ring blocks; "
+            f"{size} is not divisible by {n}: use a {what} of {up}, or --collective-matmul off"
         )
 
 
@@ -262,6 +297,7 @@ def check_train(cfg: TrainConfig) -> None:
     check_profile(cfg.profile_dir, cfg.profile_steps, cfg.steps)
     _check_run_fields(cfg)
     check_axes_for_modes(par)
+    check_init_from_hf(cfg)
 
 
 def check_keep_checkpoints(keep: int) -> None:
@@ -385,25 +421,33 @@ def check_axes_for_modes(par: ParallelConfig) -> None:
 
 # ---- model --------------------------------------------------------------------------------------
 
-MODEL_SIZES = ("vocab_size", "block_size", "n_layer", "n_head", "n_embd", "mlp_ratio")
+MAY_BE_ZERO = ("type_vocab_size",)
+"""Integer model fields where 0 turns a part off (BERT's token-type embedding)."""
 
 
 def check_model(model: Any, base: Any, overrides: dict[str, Any]) -> None:
-    """Model dimensions no mesh can fix. ``model`` and ``base`` (the named model) are GPTConfigs;
-    ``overrides`` the ``--set model.*`` values, so the message names the flag that was given."""
-    for key in MODEL_SIZES:
-        value = getattr(model, key)
-        if not isinstance(value, int) or value < 1:
-            raise ConfigError(
-                f"--set model.{key}={value} must be a positive integer; e.g. "
-                f"--set model.{key}={getattr(base, key)}"
-            )
-    for key, least in (("eps", 0.0), ("rope_theta", 1.0)):
-        value = getattr(model, key)
+    """Model dimensions no mesh can fix. ``model`` and ``base`` (the named model) are configs of
+    one family (:class:`models.registry.ModelConfig`); ``overrides`` the ``--set model.*``
+    values, so the message names the flag that was given."""
+    for f in dataclasses.fields(model):
+        example = getattr(base, f.name)
+        value = getattr(model, f.name)
+        if isinstance(example, bool) or not isinstance(example, int | float):
+            continue
+        if isinstance(example, int):
+            least = 0 if f.name in MAY_BE_ZERO else 1
+            if not isinstance(value, int) or value < least:
+                what = "a positive integer" if least else "an integer ≥ 0"
+                raise ConfigError(
+                    f"--set model.{f.name}={value} must be {what}; e.g. "
+                    f"--set model.{f.name}={example}"
+                )
+            continue
+        least = 1.0 if f.name == "rope_theta" else 0.0
         if not (math.isfinite(value) and value >= least):
             raise ConfigError(
-                f"--set model.{key}={value} must be a finite number ≥ {least:g}; e.g. "
-                f"--set model.{key}={getattr(base, key)}"
+                f"--set model.{f.name}={value} must be a finite number ≥ {least:g}; e.g. "
+                f"--set model.{f.name}={example}"
             )
     h, heads = model.n_embd, model.n_head
     if h % heads:
@@ -424,6 +468,14 @@ def check_model(model: Any, base: Any, overrides: dict[str, Any]) -> None:
             f"--set model.position=rope needs an even head size, but n_embd/n_head = {h}/{heads} "
             f"= {h // heads}; use --set model.n_embd={h + heads} or --set model.position=learned"
         )
+    patch = getattr(model, "patch_size", None)
+    if patch is not None and model.image_size % patch:
+        fits = [p for p in range(1, model.image_size + 1) if model.image_size % p == 0]
+        near = " or ".join(map(str, _near(patch, fits)))
+        raise ConfigError(
+            f"--set model.patch_size={patch} does not divide model.image_size="
+            f"{model.image_size}; use --set model.patch_size={near}"
+        )
 
 
 def _near(x: int, candidates: list[int]) -> list[int]:
@@ -433,14 +485,25 @@ def _near(x: int, candidates: list[int]) -> list[int]:
 
 
 def resolve_model(cfg: TrainConfig, data_vocab: int | None) -> Any:
-    """The model config (a GPTConfig): the named one, the data's vocabulary, then
-    ``--set model.*``; an unknown name or field is a ConfigError."""
-    from models.configs import model_config
+    """The model config (of any family, :mod:`models.registry`): the named one, the architecture
+    of ``--init-from-hf`` (if given) or else the vocabulary its task needs for data of
+    ``data_vocab`` token ids (:func:`colossal_jax.tasks.model_vocab`), then ``--set model.*``; an
+    unknown name or field is a ConfigError."""
+    from colossal_jax.tasks import model_vocab
+    from models.registry import model_config, task_of
 
-    overrides = dict(cfg.model_overrides)
-    if data_vocab is not None and "vocab_size" not in overrides:
-        overrides["vocab_size"] = data_vocab
+    overrides = model_overrides(cfg)
+    if cfg.init_from_hf is not None and data_vocab is not None and "vocab_size" in overrides:
+        if data_vocab > overrides["vocab_size"]:
+            raise ConfigError(
+                f"--data {cfg.data} has token ids up to {data_vocab - 1}, but the model of "
+                f"--init-from-hf {cfg.init_from_hf} has a vocabulary of "
+                f"{overrides['vocab_size']}; use data tokenized for that model"
+            )
     try:
+        vocab = model_vocab(task_of(cfg.model), data_vocab)
+        if vocab is not None and "vocab_size" not in overrides:
+            overrides["vocab_size"] = vocab
         return model_config(cfg.model, **overrides)
     except KeyError as e:
         raise ConfigError(e.args[0]) from None
@@ -449,9 +512,79 @@ def resolve_model(cfg: TrainConfig, data_vocab: int | None) -> Any:
 
 
 def _models() -> dict[str, Any]:
-    from models.configs import MODELS
+    from models.registry import MODELS
 
     return MODELS
+
+
+def _fields(model: Any) -> set[str]:
+    return {f.name for f in dataclasses.fields(model)}
+
+
+# ---- the data task -------------------------------------------------------------------------------
+
+IMAGE_DATA = ("digits", "shapes")
+"""``--data`` of image classification: scikit-learn's 8×8 handwritten digits (generated images
+where scikit-learn is not installed), or generated images at the model's size."""
+DIGITS_SHAPE = (8, 1, 10)
+"""Image side, channels and classes of the digits."""
+MASKED_LM_MIN_SEQ = 5
+"""``[CLS] A [SEP] B [SEP]`` with one token in each segment."""
+
+
+def check_task(cfg: TrainConfig, model: Any) -> None:
+    """The data and the sequence fit the family's task (:data:`models.registry.TASKS`)."""
+    from models.registry import task_of
+
+    task = task_of(cfg.model)
+    if task == "image_classification":
+        _check_images(cfg, model)
+        return
+    if cfg.data in IMAGE_DATA:
+        raise ConfigError(
+            f"--data {cfg.data} is an image set, but --model {cfg.model} trains on text ({task}); "
+            "use --data stdlib, synthetic, a text file or a .npy file (./"
+            f"{cfg.data} for a file of that name), or an image model, e.g. --model vit-tiny"
+        )
+    if task == "masked_lm":
+        if cfg.seq_len < MASKED_LM_MIN_SEQ:
+            raise ConfigError(
+                f"--seq-len {cfg.seq_len} is too short for masked LM sequences [CLS] A [SEP] B "
+                f"[SEP]; use --seq-len {MASKED_LM_MIN_SEQ} or more (e.g. 128)"
+            )
+        types, seq = getattr(model, "type_vocab_size", 0), cfg.parallel.seq
+        if types and seq > 1:
+            raise ConfigError(
+                f"model.type_vocab_size={types}: a token's segment is counted from the [SEP] "
+                f"tokens before it, which the sequence split seq={seq} hides from a device; use "
+                "--set model.type_vocab_size=0 or a mesh without seq"
+            )
+
+
+def _check_images(cfg: TrainConfig, model: Any) -> None:
+    if cfg.data not in IMAGE_DATA:
+        raise ConfigError(
+            f"--data {cfg.data}: --model {cfg.model} classifies images; use --data digits "
+            "(scikit-learn's 8×8 handwritten digits) or shapes (generated at the model's size); "
+            f"in Python, TrainConfig.for_model({cfg.model!r}) starts from the family's defaults"
+        )
+    side, channels, classes = DIGITS_SHAPE
+    if cfg.data == "digits" and (
+        model.image_size != side or model.channels != channels or model.num_classes < classes
+    ):
+        raise ConfigError(
+            f"--data digits are {side}×{side}×{channels} images of {classes} classes, but "
+            f"--model {cfg.model} takes {model.image_size}×{model.image_size}×{model.channels} "
+            f"images of {model.num_classes}; use --data shapes (generated at the model's size) "
+            "or --model vit-tiny"
+        )
+    if cfg.seq_len != model.seq_len:
+        g = model.image_size // model.patch_size
+        raise ConfigError(
+            f"--seq-len {cfg.seq_len} does not fit --model {cfg.model}: an image is "
+            f"{model.seq_len} tokens ({g}×{g} patches of {model.patch_size}×{model.patch_size} "
+            f"pixels and the class token); use --seq-len {model.seq_len}"
+        )
 
 
 # ---- tensor split: what each mode divides -------------------------------------------------------
@@ -552,6 +685,47 @@ def check_head_split(mode: str, heads: int, head_split: int) -> None:
         )
 
 
+def kv_heads_of(model: Any) -> int:
+    """The model's key/value heads: ``n_kv_head`` (grouped-query attention) or ``n_head``."""
+    kv = getattr(model, "n_kv_head", None)
+    return model.n_head if kv is None else kv
+
+
+def _sizes_for_head_split(mode: str, splits: list[int], depth: int = 1) -> str:
+    """Tensor-group sizes of ``mode`` whose attention head split is one of ``splits``."""
+    if mode == "1d":
+        return "tensor ∈ {" + ", ".join(map(str, splits)) + "}"
+    if mode == "2d":
+        return "tensor (q×q) ∈ {" + ", ".join(str(n * n) for n in splits) + "}"
+    if mode == "2.5d":
+        sizes = ", ".join(str(n * n * depth) for n in splits)
+        return f"tensor (q×q×depth, depth={depth}) ∈ {{{sizes}}}"
+    if mode == "3d":
+        return "tensor (q×q×q) ∈ {" + ", ".join(str(n**3) for n in splits) + "}"
+    return "tensor_mode none"
+
+
+def check_kv_heads(mode: str, heads: int, kv_heads: int, head_split: int, depth: int = 1) -> None:
+    """Grouped-query attention (Ainslie et al. 2023): ``kv_heads`` divides ``heads``, and every
+    device of the ``head_split``-way head split holds whole K/V heads (``kv_heads`` divisible by
+    ``head_split``; no K/V head is replicated across the tensor group). The message names the
+    tensor sizes of ``mode`` that would work."""
+    if kv_heads < 1 or heads % kv_heads:
+        fits = [d for d in range(1, heads + 1) if heads % d == 0]
+        near = _near(kv_heads, fits) if kv_heads >= 1 else [1]
+        raise ConfigError(
+            f"kv_heads={kv_heads} must divide heads={heads} (grouped-query attention); use "
+            f"n_kv_head={' or '.join(map(str, near))}"
+        )
+    if kv_heads % head_split:
+        ok = [n for n in range(1, kv_heads + 1) if kv_heads % n == 0]
+        raise ConfigError(
+            f"{mode} splits attention heads {head_split} ways, but kv_heads={kv_heads} is not "
+            f"divisible by {head_split} (each device must hold whole key/value heads); use "
+            f"{_sizes_for_head_split(mode, ok, depth)}, or n_kv_head divisible by {head_split}"
+        )
+
+
 # ---- the run: the config against the model -----------------------------------------------------
 
 
@@ -559,9 +733,14 @@ def check_run(cfg: TrainConfig, model: Any) -> None:
     """Every divisibility the mesh and modes need of the batch, the sequence and the model."""
     par = cfg.parallel
     if cfg.seq_len > model.block_size:
+        fix = (
+            f"(n_positions of --init-from-hf {cfg.init_from_hf})"
+            if cfg.init_from_hf is not None
+            else f"or --set model.block_size={cfg.seq_len}"
+        )
         raise ConfigError(
             f"--seq-len {cfg.seq_len} exceeds the model's block_size {model.block_size}; use "
-            f"--seq-len {model.block_size} or --set model.block_size={cfg.seq_len}"
+            f"--seq-len {model.block_size} {fix}"
         )
     split = batch_shards(par)
     if cfg.batch_size % split:
@@ -580,7 +759,7 @@ def check_run(cfg: TrainConfig, model: Any) -> None:
             f"--batch-size {n * max(1, round(cfg.batch_size / n))} or a smaller --grad-accum"
         )
     if par.seq > 1:
-        check_seq_split(cfg.seq_len, par.seq, zigzag=par.seq_mode == "ring")
+        check_seq_split(cfg.seq_len, par.seq, zigzag=uses_zigzag(par, model))
     if par.pipelined:
         _check_pipeline_split(cfg, model, split)
     tensor = split_of(par)
@@ -593,6 +772,13 @@ def check_run(cfg: TrainConfig, model: Any) -> None:
             mlp=model.mlp_width,
             heads=model.n_head,
             vocab=model.vocab_size,
+        )
+        check_kv_heads(
+            par.tensor_mode,
+            model.n_head,
+            kv_heads_of(model),
+            tensor.divisor("heads"),
+            par.tensor_depth,
         )
         embedding = tensor.divisor("vocab size")
         if model.position == "learned" and model.block_size % embedding:
@@ -653,6 +839,22 @@ def check_device_batch(cfg: TrainConfig) -> None:
         )
 
 
+def is_causal(model: Any) -> bool:
+    """Whether ``model``'s attention is causal: a model config declares ``causal = False``
+    (a field or property) for bidirectional attention (BERT, ViT); GPT-style configs, which
+    declare nothing, are causal."""
+    return bool(getattr(model, "causal", True))
+
+
+def uses_zigzag(par: ParallelConfig, model: Any) -> bool:
+    """Ring attention reorders the sequence in zigzag order (:mod:`colossal_jax.sequence.zigzag`)
+    only for a causal model: zigzag balances the work the *causal* mask leaves per device.
+    Without the mask every device already does the same ``p`` blocks, so a bidirectional model
+    keeps the contiguous order (the plain ring), which needs ``seq_len`` divisible by ``seq``
+    only, not ``2·seq``."""
+    return par.seq_mode == "ring" and par.seq > 1 and is_causal(model)
+
+
 def check_seq_split(seq_len: int, seq: int, *, zigzag: bool) -> None:
     """``seq_len`` splits into ``seq`` equal blocks, or ``2·seq`` zigzag chunks for causal ring
     attention (:mod:`colossal_jax.sequence.zigzag`)."""
@@ -670,7 +872,10 @@ def check_seq_split(seq_len: int, seq: int, *, zigzag: bool) -> None:
 
 
 def check_ulysses_heads(heads: int, seq: int, head_split: int = 1) -> None:
-    """Ulysses re-splits each tensor shard's ``heads / head_split`` heads over ``seq``."""
+    """Ulysses re-splits each tensor shard's ``heads / head_split`` query heads over ``seq``.
+    Key/value heads of grouped-query attention need no rule: where ``seq`` does not divide them
+    the kernel repeats them to ``lcm(kv_heads, seq)`` heads (:mod:`colossal_jax.sequence.ulysses`),
+    which divides the query heads whenever this rule holds."""
     local = heads // max(head_split, 1)
     if local % seq:
         raise ConfigError(
@@ -713,8 +918,13 @@ def check_memory(cfg: TrainConfig, model: Any, capacity: int, sharing: int = 1) 
     need = state_bytes(cfg, model)
     if need * sharing <= capacity:
         return
+    from models.registry import family_of
+
     sized = {
-        name: dataclasses.replace(b, vocab_size=model.vocab_size) for name, b in _models().items()
+        name: (
+            dataclasses.replace(b, vocab_size=model.vocab_size) if "vocab_size" in _fields(b) else b
+        )
+        for name, b in family_of(cfg.model).sizes.items()
     }
     fits = sorted(
         (param_count(b), name)
@@ -762,6 +972,11 @@ def check_baseline(cfg: TrainConfig, baseline: str) -> None:
     if baseline == "none":
         return
     model = _models()[cfg.model]
+    if type(model).__name__ != "GPTConfig":
+        raise ConfigError(
+            f"--baseline {baseline} is the GPT family's model, not --model {cfg.model}'s; use a "
+            "GPT model (e.g. --model gpt2-tiny) or --baseline none"
+        )
     position = cfg.model_overrides.get("position", model.position)
     if position != "learned":
         raise ConfigError(
@@ -825,4 +1040,120 @@ def check_profile(directory: str | None, steps: str | None, total_steps: int) ->
         raise ConfigError(
             f"--profile-steps {steps} must be A:B with 1 <= A <= B <= --steps {total_steps} "
             f"(the steps traced, inclusive); e.g. {example}"
+        )
+
+
+# ---- initialisation from a Hugging Face directory -----------------------------------------------
+
+
+def hf_overrides(cfg: TrainConfig) -> dict[str, Any]:
+    """The model fields the ``config.json`` of ``--init-from-hf DIR`` sets ({} without it), once
+    the directory passes :func:`check_hf_directory`."""
+    if cfg.init_from_hf is None:
+        return {}
+    family, config = check_hf_directory(cfg.init_from_hf, cfg.model)
+    try:
+        return family.overrides(config)
+    except (ValueError, TypeError) as e:
+        raise ConfigError(f"--init-from-hf {cfg.init_from_hf}: {e}") from None
+
+
+def check_hf_directory(directory: str, model: str) -> tuple[Any, dict[str, Any]]:
+    """``(family module, config.json)`` of a Hugging Face directory that our model ``model``
+    (``--model``) can load: a mapped ``model_type`` of ``model``'s family, every option our
+    model computes alike (``SUPPORTED`` of the family), and a weight file."""
+    from pathlib import Path
+
+    from colossal_jax import hf
+
+    flag = f"--init-from-hf {directory}"
+    config = hf.read_config(directory)
+    model_type = config.get("model_type")
+    if model_type not in hf.FAMILIES:
+        raise ConfigError(
+            f"{flag} holds a {model_type!r} model (config.json model_type); the mapped families "
+            f"are {', '.join(hf.FAMILIES)}"
+        )
+    family = hf.family(model_type)
+    models = _models()
+    base = models.get(model)
+    if base is not None and type(base).__name__ != family.CONFIG_CLASS:
+        same = [n for n, m in models.items() if type(m).__name__ == family.CONFIG_CLASS]
+        raise ConfigError(
+            f"{flag} holds a {model_type} model but --model {model} is a "
+            f"{type(base).__name__}; use a --model of that family"
+            + (f", e.g. --model {same[0]} (the sizes come from the directory)" if same else "")
+        )
+    for key, (allowed, default) in family.SUPPORTED.items():
+        value = config.get(key, default)
+        if value not in allowed:
+            raise ConfigError(
+                f"{flag}: config.json has {key}={value!r}, which our model does not compute; "
+                f"it supports {' or '.join(repr(a) for a in allowed)}"
+            )
+    if not any((Path(directory) / name).is_file() for name in hf.WEIGHT_FILES):
+        raise ConfigError(
+            f"{flag} has config.json but no weights (none of {', '.join(hf.WEIGHT_FILES)}); "
+            "save the model with save_pretrained"
+        )
+    return family, config
+
+
+def model_overrides(cfg: TrainConfig) -> dict[str, Any]:
+    """The model fields of the run: the architecture of ``--init-from-hf`` (if given) with
+    ``--set model.*`` on top, which may add to it but not contradict it."""
+    from_hf = hf_overrides(cfg)
+    for key, value in cfg.model_overrides.items():
+        if key in from_hf and from_hf[key] != value:
+            raise ConfigError(
+                f"--set model.{key}={value} contradicts --init-from-hf {cfg.init_from_hf}, whose "
+                f"config.json gives {key}={from_hf[key]}; drop --set model.{key} (the directory "
+                "sets the architecture)"
+            )
+    return {**from_hf, **cfg.model_overrides}
+
+
+def check_init_from_hf(cfg: TrainConfig) -> None:
+    """``--init-from-hf DIR``: a directory our ``--model``'s family loads, whose architecture
+    ``--set model.*`` does not contradict (:func:`model_overrides`)."""
+    if cfg.init_from_hf is not None:
+        model_overrides(cfg)
+
+
+# ---- sampling (scripts/generate.py) -------------------------------------------------------------
+
+
+def check_sampling(
+    *,
+    prompt_tokens: int,
+    max_new_tokens: int,
+    temperature: float,
+    top_k: int | None,
+    num_samples: int,
+    vocab_size: int,
+    prompt_vocab: int,
+) -> None:
+    """The sampling flags of ``scripts/generate.py`` against the model's vocabulary."""
+    if prompt_tokens < 1:
+        raise ConfigError("--prompt is empty; give at least one character, e.g. --prompt 'def '")
+    if max_new_tokens < 1:
+        raise ConfigError(
+            f"--max-new-tokens {max_new_tokens} must be at least 1 (e.g. --max-new-tokens 200)"
+        )
+    if not (math.isfinite(temperature) and temperature >= 0):
+        raise ConfigError(
+            f"--temperature {temperature} must be a finite number ≥ 0 (0: greedy); e.g. "
+            "--temperature 0.8"
+        )
+    if top_k is not None and not 1 <= top_k <= vocab_size:
+        raise ConfigError(
+            f"--top-k {top_k} must be between 1 and the vocabulary size {vocab_size}; e.g. "
+            "--top-k 40, or omit it"
+        )
+    if num_samples < 1:
+        raise ConfigError(f"--num-samples {num_samples} must be at least 1 (e.g. --num-samples 1)")
+    if prompt_vocab > vocab_size:
+        raise ConfigError(
+            f"--prompt encodes to byte ids up to {prompt_vocab - 1}, beyond the model's "
+            f"vocabulary of {vocab_size}; use a prompt of characters the model was trained on"
         )

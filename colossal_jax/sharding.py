@@ -2,7 +2,8 @@
 parameters (by their role) and of optimizer state (with ZeRO).
 
 Every parameter created by the library's layers carries a ``role`` (``weight_in``,
-``weight_out``, ``bias_in``, ``bias_out``, ``norm``, ``embedding``); the active layout maps each
+``weight_out``, ``bias_in``, ``bias_out``, ``norm``, ``embedding``, ``weight_features``,
+``bias_features``); the active layout maps each
 role to a ``PartitionSpec``. Optimizer-state leaves that mirror a parameter (Adam moments, momenta)
 keep that role, so they get the same spec — plus ``data`` under ZeRO-1.
 
@@ -29,34 +30,36 @@ from colossal_jax.tensor.replicated import ReplicatedLayout
 
 
 def make_layout(cfg: ParallelConfig, mesh: Mesh) -> TensorLayout:
-    """The tensor layout of ``cfg.tensor_mode`` on ``mesh``."""
+    """The tensor layout of ``cfg.tensor_mode`` on ``mesh`` (with collective matmuls when
+    ``cfg.collective_matmul``)."""
     act = ActivationAxes(batch=("data",), seq="seq")
     mode = cfg.tensor_mode
+    cm = cfg.collective_matmul
     if mode == "none":
         return ReplicatedLayout(mesh, act)
     if mode == "1d":
         from colossal_jax.tensor.one_d import OneDLayout
 
-        return OneDLayout(mesh, act)
+        return OneDLayout(mesh, act, collective_matmul=cm)
     if mode == "2d":
         from colossal_jax.tensor.two_d import TwoDLayout
 
-        return TwoDLayout(mesh, act)
+        return TwoDLayout(mesh, act, collective_matmul=cm)
     if mode == "2.5d":
         from colossal_jax.tensor.two_p5d import TwoP5DLayout
 
-        return TwoP5DLayout(mesh, act)
+        return TwoP5DLayout(mesh, act, collective_matmul=cm)
     if mode == "3d":
         from colossal_jax.tensor.three_d import ThreeDLayout
 
-        return ThreeDLayout(mesh, act)
+        return ThreeDLayout(mesh, act, collective_matmul=cm)
     raise ConfigError(f"--tensor-mode {mode!r} is unknown")
 
 
-def make_local_attention(
-    cfg: ParallelConfig, *, causal: bool = True, implementation: str = "auto"
-) -> LocalAttention:
+def make_local_attention(cfg: ParallelConfig, *, implementation: str = "auto") -> LocalAttention:
     """The per-device attention kernel of ``cfg.seq_mode`` (run inside the layout's shard_map).
+    The mask is not the mode's: each attention layer passes its own ``causal`` (and padding
+    travels as negative positions), :data:`colossal_jax.tensor.layout.LocalAttention`.
 
     ``implementation`` (``auto | xla | cudnn``) chooses the block kernel where token order is
     position order (no sequence split, Ulysses): ``auto`` is cuDNN flash attention on a GPU in
@@ -66,21 +69,19 @@ def make_local_attention(
     if mode == "none" or cfg.seq == 1:
         from colossal_jax.sequence.fused import fused_attention
 
-        return functools.partial(fused_attention, causal=causal, implementation=implementation)
+        return functools.partial(fused_attention, implementation=implementation)
     if mode == "ring":
         from colossal_jax.sequence.ring import ring_attention
 
-        return functools.partial(ring_attention, axis_name="seq", causal=causal)
+        return functools.partial(ring_attention, axis_name="seq")
     if mode == "ulysses":
         from colossal_jax.sequence.ulysses import ulysses_attention
 
-        return functools.partial(
-            ulysses_attention, axis_name="seq", causal=causal, implementation=implementation
-        )
+        return functools.partial(ulysses_attention, axis_name="seq", implementation=implementation)
     if mode == "ring-self-attention":
         from colossal_jax.sequence.ring_self_attention import ring_self_attention
 
-        return functools.partial(ring_self_attention, axis_name="seq", causal=causal)
+        return functools.partial(ring_self_attention, axis_name="seq")
     raise ConfigError(f"--seq-mode {mode!r} is unknown")
 
 
@@ -94,6 +95,14 @@ def role_spec(layout: TensorLayout, role: str) -> P:
         return layout.norm_spec()
     if role == "embedding":
         return layout.embedding_spec()
+    if role in ("weight_features", "bias_features"):
+        from colossal_jax.tensor import features
+
+        return (
+            features.weight_spec(layout)
+            if role == "weight_features"
+            else features.bias_spec(layout)
+        )
     raise ValueError(f"parameter role {role!r} has no sharding rule")
 
 

@@ -55,6 +55,16 @@ def install() -> None:
         signal.signal(sig, _handler)
 
 
+def ignore() -> None:
+    """Ignore SIGINT and SIGTERM from now on (a finished process on its way out; main thread
+    only). Unlike a Python handler, an ignored signal stays ignored through interpreter
+    shutdown."""
+    if threading.current_thread() is not threading.main_thread():
+        return
+    for sig in EXIT_CODES:
+        signal.signal(sig, signal.SIG_IGN)
+
+
 def received() -> int | None:
     """The first signal received since :func:`install` (or :func:`reset`), or None."""
     return _received

@@ -25,11 +25,11 @@ import numpy as np
 import optax
 from flax import nnx
 from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
 
 from colossal_jax import signals, watchdog, xla_presets
 from colossal_jax.checkpoint import Checkpointer, abstract_like
 from colossal_jax.config import ConfigError, TrainConfig
-from colossal_jax.data import Batches, load_corpus, split_corpus
 from colossal_jax.devices import devices_hint
 from colossal_jax.divergence import Diverged, Guard, stop_line
 from colossal_jax.layers import use_parallelism
@@ -37,15 +37,16 @@ from colossal_jax.mesh import build_mesh
 from colossal_jax.metrics import MetricsWriter, device_memory, peak_flops
 from colossal_jax.optim import make_optimizer, schedule
 from colossal_jax.profiling import StepProfiler
-from colossal_jax.rules import grad_accum_of, resolve_model
+from colossal_jax.rules import grad_accum_of, resolve_model, uses_zigzag
 from colossal_jax.sharding import make_layout, make_local_attention, tree_shardings
 from colossal_jax.step import sharded_value_and_grad, stack_layer_dims
+from colossal_jax.tasks import TaskBatches, load_text, make_batches
 from colossal_jax.tensor.layout import LocalAttention, TensorLayout
 from colossal_jax.zero import leftovers, zero_dims
-from models.gpt import GPT, GPTConfig
+from models.registry import Family, ModelConfig, family_of
 
 
-def validate_run(cfg: TrainConfig, model: GPTConfig, layout: TensorLayout) -> None:
+def validate_run(cfg: TrainConfig, model: ModelConfig, layout: TensorLayout) -> None:
     """The rules of a run that need the model, checked before anything compiles: those of
     :mod:`colossal_jax.rules` (``cfg`` itself was validated by :meth:`TrainConfig.validate`),
     with the memory the devices report as the capacity, and the one that needs the backend:
@@ -77,10 +78,12 @@ def device_capacity(mesh_size: int) -> tuple[int, int] | None:
 
 @dataclass
 class Run:
-    """Everything built for a run, before any step executes."""
+    """Everything built for a run, before any step executes: ``model`` is the resolved config
+    of ``family`` (:mod:`models.registry`), ``batches``/``eval_batches`` its task's data
+    (:mod:`colossal_jax.tasks`), ``data_note`` a line about the data to print, or None."""
 
     cfg: TrainConfig
-    model: GPTConfig
+    model: ModelConfig
     mesh: jax.sharding.Mesh
     layout: TensorLayout
     local_attention: LocalAttention
@@ -90,14 +93,20 @@ class Run:
     opt_shardings: Any
     batch_sharding: NamedSharding
     tx: optax.GradientTransformation
-    batches: Batches
+    batches: TaskBatches
     schedule: Any = None
-    eval_batches: Batches | None = None
+    eval_batches: TaskBatches | None = None
     grad_shardings: Any = None
     zero_dims: Any = None
     layer_dims: list | None = None
     device_param_shardings: Any = None
     device_opt_shardings: Any = None
+    family: Family | None = None
+    data_note: str | None = None
+
+    @property
+    def task(self) -> str:
+        return family_of(self.cfg.model).task
 
 
 def build(cfg: TrainConfig) -> Run:
@@ -105,8 +114,9 @@ def build(cfg: TrainConfig) -> Run:
     cfg.validate()
     if cfg.xla_preset is not None:
         xla_presets.check_applied(cfg.xla_preset)
-    corpus = load_corpus(cfg.data)
-    model = resolve_model(cfg, corpus.vocab_size)
+    family = family_of(cfg.model)
+    corpus = load_text(family.task, cfg.data)
+    model = resolve_model(cfg, corpus.vocab_size if corpus is not None else None)
     devices = jax.devices()
     wanted = cfg.devices if cfg.devices is not None else cfg.parallel.size
     if wanted > len(devices):
@@ -124,7 +134,7 @@ def build(cfg: TrainConfig) -> Run:
     validate_run(cfg, model, layout)
     local_attention = make_local_attention(cfg.parallel, implementation=cfg.attention)
 
-    abstract_model = nnx.eval_shape(lambda: GPT(model, rngs=nnx.Rngs(cfg.seed)))
+    abstract_model = nnx.eval_shape(lambda: family.build(model, rngs=nnx.Rngs(cfg.seed)))
     graphdef, abstract_params = nnx.split(abstract_model)
     layer_entry = "pipe" if cfg.parallel.pipelined else None
     stage = cfg.parallel.zero
@@ -161,17 +171,11 @@ def build(cfg: TrainConfig) -> Run:
         )
 
     order = None
-    if cfg.parallel.seq_mode == "ring" and cfg.parallel.seq > 1:
+    if uses_zigzag(cfg.parallel, model):
         from colossal_jax.sequence.zigzag import zigzag_permutation
 
         order = zigzag_permutation(cfg.seq_len, cfg.parallel.seq)
-    train_corpus, held_out = split_corpus(corpus, cfg.seq_len)
-    batches = Batches(train_corpus, cfg.batch_size, cfg.seq_len, cfg.seed, model.vocab_size, order)
-    eval_batches = None
-    if held_out is not None:
-        eval_batches = Batches(
-            held_out, cfg.batch_size, cfg.seq_len, cfg.seed, model.vocab_size, order
-        )
+    batches, eval_batches, data_note = make_batches(cfg, family.task, model, corpus, order)
     return Run(
         cfg=cfg,
         model=model,
@@ -192,6 +196,8 @@ def build(cfg: TrainConfig) -> Run:
         layer_dims=stack_layer_dims(graphdef, abstract_params, layout),
         device_param_shardings=device_param_shardings,
         device_opt_shardings=device_opt_shardings,
+        family=family,
+        data_note=data_note,
     )
 
 
@@ -222,11 +228,17 @@ def to_device(tree: Any, device_shardings: Any, shardings: Any) -> Any:
 
 
 def init_state(run: Run) -> tuple[Any, Any]:
-    """Parameters and optimizer state, created directly in their shardings."""
-    model_cfg, seed = run.model, run.cfg.seed
+    """Parameters and optimizer state, created directly in their shardings (with
+    ``init_from_hf``: the parameters read from that Hugging Face directory into them)."""
+    model_cfg, seed, family = run.model, run.cfg.seed, family_of(run.cfg.model)
+    if run.cfg.init_from_hf is not None:
+        from colossal_jax.hf.load import load_params
+
+        params = load_params(run)
+        return params, jax.jit(run.tx.init, out_shardings=run.opt_shardings)(params)
 
     def init():
-        params = nnx.state(GPT(model_cfg, rngs=nnx.Rngs(seed)))
+        params = nnx.state(family.build(model_cfg, rngs=nnx.Rngs(seed)))
         return params, run.tx.init(params)
 
     init = jax.jit(init, out_shardings=(run.param_shardings, run.opt_shardings))
@@ -293,10 +305,13 @@ def _specs(shardings: Any) -> Any:
 
 
 def make_eval_step(run: Run) -> Callable:
-    """The jitted forward ``(params, batch) -> mean loss``, in the training step's shardings.
+    """The jitted forward ``(params, batch) -> metrics``, in the training step's shardings:
+    ``loss`` (the batch's mean weighted loss), ``count`` (its sum of weights) and, for image
+    classification, ``correct`` (the weight of the examples whose class logit is the largest).
 
-    A pipelined run evaluates through the same pipelined function as training and drops the
-    gradients (its stacked parameters stay split over ``pipe``)."""
+    A pipelined run evaluates its loss through the same pipelined function as training and
+    drops the gradients (its stacked parameters stay split over ``pipe``); its accuracy comes
+    from a plain forward, for which XLA gathers the stack over ``pipe``."""
     if run.schedule is None:
         loss_fn = _loss_fn(run)
     else:
@@ -305,18 +320,68 @@ def make_eval_step(run: Run) -> Callable:
         def loss_fn(params, batch):
             return value_and_grad(params, batch)[0]
 
-    def on_device_loss(params, batch):
-        return loss_fn(to_device(params, run.device_param_shardings, run.param_shardings), batch)
+    accuracy = _reports_accuracy(run)
+
+    def on_device_metrics(params, batch):
+        params = to_device(params, run.device_param_shardings, run.param_shardings)
+        out = {"loss": loss_fn(params, batch), "count": jnp.sum(batch["weights"])}
+        if accuracy:
+            out["correct"] = _correct(run, params, batch)
+        return out
 
     batch_shardings = {k: run.batch_sharding for k in ("tokens", "targets", "positions", "weights")}
-    return jax.jit(on_device_loss, in_shardings=(run.param_shardings, batch_shardings))
+    return jax.jit(on_device_metrics, in_shardings=(run.param_shardings, batch_shardings))
+
+
+def _reports_accuracy(run: Run) -> bool:
+    return run.task == "image_classification"
+
+
+def _correct(run: Run, params: Any, batch: dict[str, jax.Array]) -> jax.Array:
+    """``Σ weight · [argmax over the real classes == target]`` of a forward pass."""
+    compute_dtype = COMPUTE_DTYPES[run.cfg.precision]
+    if compute_dtype != jnp.float32:
+        params = jax.tree.map(lambda p: p.astype(compute_dtype), params)
+    tokens, positions = batch["tokens"], batch["positions"]
+    with use_parallelism(run.layout, run.local_attention):
+        model = nnx.merge(run.graphdef, params)
+        logits = model.logits(model.blocks(model.embed(tokens, positions), positions))
+    classes = getattr(run.model, "num_classes", logits.shape[-1])
+    hit = jnp.argmax(logits[..., :classes], axis=-1) == batch["targets"]
+    return jnp.sum(batch["weights"] * hit.astype(jnp.float32))
 
 
 def eval_data(run: Run) -> list[dict[str, jax.Array]]:
-    """The fixed held-out batches of every evaluation (empty without a held-out split)."""
+    """The fixed held-out batches of every evaluation (empty without a held-out split):
+    ``eval_batches`` of them, or for images as many as cover the held-out images once."""
     if run.eval_batches is None:
         return []
-    return [_place(run, run.eval_batches.batch(i)) for i in range(run.cfg.eval_batches)]
+    n = run.eval_batches.evaluation_batches(run.cfg.eval_batches)
+    return [_place(run, run.eval_batches.batch(i)) for i in range(n)]
+
+
+def evaluate_metrics(
+    run: Run,
+    params: Any,
+    *,
+    step_fn: Callable | None = None,
+    data: list[dict[str, jax.Array]] | None = None,
+) -> dict[str, float] | None:
+    """Held-out metrics of ``params``: ``eval_loss`` (the weighted mean over the held-out
+    batches) and, for image classification, ``eval_accuracy`` (a fraction); None without a
+    held-out split. ``params`` must be in ``run.param_shardings``; ``step_fn``/``data`` reuse a
+    compiled :func:`make_eval_step` and :func:`eval_data`."""
+    data = eval_data(run) if data is None else data
+    if not data:
+        return None
+    step_fn = make_eval_step(run) if step_fn is None else step_fn
+    outs = [jax.device_get(step_fn(params, b)) for b in data]
+    count = sum(float(o["count"]) for o in outs)
+    weight = max(count, 1.0)
+    metrics = {"eval_loss": sum(float(o["loss"]) * float(o["count"]) for o in outs) / weight}
+    if "correct" in outs[0]:
+        metrics["eval_accuracy"] = sum(float(o["correct"]) for o in outs) / weight
+    return metrics
 
 
 def evaluate(
@@ -326,16 +391,10 @@ def evaluate(
     step_fn: Callable | None = None,
     data: list[dict[str, jax.Array]] | None = None,
 ) -> float | None:
-    """Mean loss of ``params`` over the held-out batches (None without a held-out split).
-
-    ``params`` must be in ``run.param_shardings`` (as ``init_state``, ``restore`` and ``train``
-    return them); ``step_fn``/``data`` reuse a compiled eval step and its batches."""
-    data = eval_data(run) if data is None else data
-    if not data:
-        return None
-    step_fn = make_eval_step(run) if step_fn is None else step_fn
-    losses = [step_fn(params, b) for b in data]
-    return float(np.mean([float(x) for x in losses]))
+    """Held-out loss of ``params`` (None without a held-out split); see
+    :func:`evaluate_metrics` for the accuracy of image classifiers."""
+    metrics = evaluate_metrics(run, params, step_fn=step_fn, data=data)
+    return None if metrics is None else metrics["eval_loss"]
 
 
 def restore(run: Run, checkpoint_dir: str, step: int | None = None) -> tuple[Any, Any, int]:
@@ -372,13 +431,14 @@ def make_train_step(run: Run) -> Callable:
         return _jit_step(run, _loss_scaled_step(run, value_and_grad))
 
     def step(params, opt_state, batch):
+        batch, stop = _split_stop(batch)
         params = to_device(params, run.device_param_shardings, run.param_shardings)
         opt_state = to_device(opt_state, run.device_opt_shardings, run.opt_shardings)
         loss, grads = value_and_grad(params, batch)
         grad_norm = optax.tree.norm(grads)
         updates, opt_state = run.tx.update(grads, opt_state, params)
         params = optax.apply_updates(params, updates)
-        return params, opt_state, {"loss": loss, "grad_norm": grad_norm}
+        return params, opt_state, {"loss": loss, "grad_norm": grad_norm, "stop": stop}
 
     return _jit_step(run, step)
 
@@ -389,6 +449,7 @@ def _loss_scaled_step(run: Run, value_and_grad: Callable) -> Callable:
     from colossal_jax import loss_scale as ls
 
     def step(params, opt_state, batch):
+        batch, stop = _split_stop(batch)
         params = to_device(params, run.device_param_shardings, run.param_shardings)
         opt_state = to_device(opt_state, run.device_opt_shardings, run.opt_shardings)
         scale_state = opt_state.loss_scale
@@ -405,6 +466,7 @@ def _loss_scaled_step(run: Run, value_and_grad: Callable) -> Callable:
             "grad_norm": grad_norm,
             "loss_scale": scale_state.scale,
             "skipped_steps": new_scale.skipped,
+            "stop": stop,
         }
         return params, opt_state, metrics
 
@@ -414,6 +476,7 @@ def _loss_scaled_step(run: Run, value_and_grad: Callable) -> Callable:
 def _jit_step(run: Run, step: Callable) -> Callable:
     """``step`` jitted in the run's shardings, parameters and optimizer state donated."""
     batch_shardings = {k: run.batch_sharding for k in ("tokens", "targets", "positions", "weights")}
+    batch_shardings["stop"] = stop_sharding(run.mesh)
     return jax.jit(
         step,
         in_shardings=(run.param_shardings, run.opt_shardings, batch_shardings),
@@ -422,9 +485,33 @@ def _jit_step(run: Run, step: Callable) -> Callable:
     )
 
 
+def _split_stop(batch: dict[str, jax.Array]) -> tuple[dict[str, jax.Array], jax.Array]:
+    """``(the model's batch, the largest stop flag of any process)`` — see :func:`stop_flags`."""
+    batch = dict(batch)
+    return batch, jnp.max(batch.pop("stop"))
+
+
+def stop_sharding(mesh: jax.sharding.Mesh) -> NamedSharding:
+    """One element per device: ``[mesh.size]`` split over every mesh axis."""
+    return NamedSharding(mesh, P(tuple(mesh.axis_names)))
+
+
+def stop_flags(mesh: jax.sharding.Mesh) -> jax.Array:
+    """This process's stop request on each of its devices: the number of the SIGINT/SIGTERM it
+    received (:mod:`colossal_jax.signals`), 0 if none. The step returns the largest flag of any
+    device as its ``stop`` metric, so the processes of a multi-process run learn of a signal that
+    any one of them received at the same step, and stop and save together."""
+    flag = signals.received() or 0
+    host = np.full((mesh.size,), int(flag), np.int32)
+    return jax.make_array_from_callback(host.shape, stop_sharding(mesh), lambda idx: host[idx])
+
+
 def global_batch(run: Run, step: int) -> dict[str, jax.Array]:
-    """The batch of ``step`` as global arrays; each process builds only its addressable shards."""
-    return _place(run, run.batches.batch(step))
+    """The batch of ``step`` as global arrays (each process builds only its addressable shards)
+    with this process's :func:`stop_flags` under ``"stop"``."""
+    batch = _place(run, run.batches.batch(step))
+    batch["stop"] = stop_flags(run.mesh)
+    return batch
 
 
 def _place(run: Run, host: dict[str, np.ndarray]) -> dict[str, jax.Array]:
@@ -452,8 +539,12 @@ class Summary:
       losses: training loss of every step this call ran; first_loss, final_loss its ends.
       tokens_per_s, mfu: throughput (MFU None where the device's peak is unknown).
       compile_s, wall_s: compile time of the train step; wall time of the whole call.
+      loop_s: wall time of the step loop, without its evaluations and checkpoint saves (the
+        harness's time outside the compiled step is ``loop_s`` less the steps' own time).
       eval_losses: ``(step, held-out loss)`` of every evaluation (step 0: before training);
         first_eval_loss, final_eval_loss: its ends (None when evaluation is off).
+      eval_accuracies: ``(step, held-out accuracy)`` of every evaluation of an image classifier
+        (empty for other tasks); first_eval_accuracy, final_eval_accuracy: its ends.
       params, opt_state: the final parameters (an ``nnx.State``) and optimizer state, as arrays
         in their shardings; ``nnx.merge(run.graphdef, params)`` gives the model.
       run: the built :class:`Run` (mesh, shardings, data).
@@ -469,12 +560,22 @@ class Summary:
     mfu: float | None
     compile_s: float
     wall_s: float
+    loop_s: float = 0.0
     eval_losses: list[tuple[int, float]] = field(default_factory=list)
     first_eval_loss: float | None = None
     final_eval_loss: float | None = None
+    eval_accuracies: list[tuple[int, float]] = field(default_factory=list)
     params: Any = field(default=None, repr=False)
     opt_state: Any = field(default=None, repr=False)
     run: Run | None = field(default=None, repr=False)
+
+    @property
+    def first_eval_accuracy(self) -> float | None:
+        return self.eval_accuracies[0][1] if self.eval_accuracies else None
+
+    @property
+    def final_eval_accuracy(self) -> float | None:
+        return self.eval_accuracies[-1][1] if self.eval_accuracies else None
 
 
 TrainResult = Summary
@@ -509,13 +610,16 @@ def train(
     if is_main:
         log(f"{cfg.parallel.describe()}")
         log(
-            f"model {cfg.model}: {n_params / 1e6:.2f}M parameters, layers={run.model.n_layer} "
-            f"hidden={run.model.n_embd} heads={run.model.n_head} vocab={run.model.vocab_size}; "
-            f"data {run.batches.corpus.name}; batch {cfg.batch_size}×{cfg.seq_len} tokens"
+            f"model {cfg.model} ({run.task}): {n_params / 1e6:.2f}M parameters, "
+            f"layers={run.model.n_layer} hidden={run.model.n_embd} heads={run.model.n_head} "
+            f"{_outputs(run.model)}; data {run.batches.name}; batch "
+            f"{cfg.batch_size}×{cfg.seq_len} tokens"
             f"{_accumulation(cfg)}; "
             f"{cfg.optim.name} lr={cfg.optim.lr} precision={cfg.precision}"
         )
 
+        if cfg.init_from_hf is not None:
+            log(f"init: the weights of {cfg.init_from_hf} (a checkpoint to resume wins)")
         if cfg.parallel.zero >= 1 and (rest := replicated_leftovers(run)):
             log(
                 f"ZeRO-{cfg.parallel.zero}: {len(rest)} parameter(s) have no dimension divisible "
@@ -580,22 +684,22 @@ def _train(
     tokens_per_step = cfg.batch_size * cfg.seq_len
     flops_per_step = run.model.flops_per_token(cfg.seq_len) * tokens_per_step
     peak = cfg.peak_tflops * 1e12 if cfg.peak_tflops else peak_flops()
-    train_tokens = run.batches.corpus.tokens
-    if is_main and train_tokens is not None and cfg.steps * tokens_per_step > len(train_tokens):
-        log(
-            f"note: the run reads {cfg.steps * tokens_per_step:,} training tokens but the "
-            f"training split of {run.batches.corpus.name} holds {len(train_tokens):,}: about "
-            f"{cfg.steps * tokens_per_step / len(train_tokens):.1f} epochs (sequences repeat)"
-        )
+    for note in (run.data_note, run.batches.epochs(cfg.steps)):
+        if is_main and note:
+            log(f"note: {note}")
     eval_fn, eval_batches = None, []
     if cfg.eval_every and run.eval_batches is not None and start_step < cfg.steps:
         eval_fn, eval_batches = make_eval_step(run), eval_data(run)
     eval_losses: list[tuple[int, float]] = []
+    eval_accuracies: list[tuple[int, float]] = []
 
-    def run_eval(at: int) -> float:
-        value = evaluate(run, params, step_fn=eval_fn, data=eval_batches)
-        eval_losses.append((at, value))
-        return value
+    def run_eval(at: int) -> dict[str, float]:
+        metrics = evaluate_metrics(run, params, step_fn=eval_fn, data=eval_batches)
+        assert metrics is not None  # eval_fn is set only with a held-out split
+        eval_losses.append((at, metrics["eval_loss"]))
+        if "eval_accuracy" in metrics:
+            eval_accuracies.append((at, metrics["eval_accuracy"]))
+        return metrics
 
     n_dev = run.mesh.size
     guard = Guard(skipped=_skipped_so_far(opt_state))
@@ -605,13 +709,70 @@ def _train(
     timed_tokens, timed_seconds = 0, 0.0
     step = start_step
     profiler = StepProfiler.of(cfg)  # --profile-dir: a trace of --profile-steps
+    agreed_signal = 0  # the largest stop flag of any process, once one is seen
+    last_done = 0.0  # when the host last saw a step's results
+    paused = 0.0  # seconds of the loop spent in evaluation and checkpoint saves
+
+    def finish(at: int, out: dict, dispatched: float) -> None:
+        """Read step ``at``'s metrics (waiting for it), check them, log them."""
+        nonlocal timed_tokens, timed_seconds, last_done, agreed_signal
+        host = jax.device_get(out)
+        now = time.perf_counter()
+        dt = now - max(last_done, dispatched)  # back to back: the interval between results
+        last_done = now
+        loss = float(host["loss"])
+        losses.append(loss)
+        timed_tokens += tokens_per_step
+        timed_seconds += dt
+        tps = tokens_per_step / dt
+        record = {
+            "step": at,
+            "loss": loss,
+            "lr": float(lr_at(at - 1)),
+            "grad_norm": float(host["grad_norm"]),
+            "step_time_s": dt,
+            "tokens_per_s": tps,
+            "mfu": flops_per_step / dt / (peak * n_dev) if peak else None,
+        }
+        for key in ("loss_scale", "skipped_steps"):
+            if key in host:
+                record[key] = host[key].item()
+        bad = guard.check(loss, record["grad_norm"], record.get("skipped_steps"))
+        if bad is not None:
+            writer.write(record)  # the record of the failed step, for the post-mortem
+            last_good = ckpt.wait() if ckpt is not None else None
+            raise Diverged(at, bad, stop_line(bad, at, cfg.checkpoint_dir, last_good))
+        agreed_signal = max(agreed_signal, int(host["stop"]))
+        if (mem := device_memory()) is not None:
+            record["peak_bytes_in_use"] = mem["peak_bytes_in_use"]
+        records.append(record)
+        if bar is not None:
+            bar.set_postfix({"loss": f"{loss:.4f}", "tok_s": f"{tps:,.0f}"}, refresh=False)
+            bar.update(1)
+
+    def log_records(evaluation: dict[str, float] | None = None) -> None:
+        """Write the finished steps' records; ``evaluation`` belongs to the last of them."""
+        for i, record in enumerate(records):
+            evaluated = evaluation is not None and i == len(records) - 1
+            if evaluated:
+                record.update(evaluation)
+                if bar is not None:
+                    post = {"loss": f"{record['loss']:.4f}", "eval": f"{eval_losses[-1][1]:.4f}"}
+                    if eval_accuracies:
+                        post["acc"] = f"{100 * eval_accuracies[-1][1]:.1f}%"
+                    bar.set_postfix(post, refresh=False)
+            if record["step"] % cfg.log_every == 0 or record["step"] == cfg.steps or evaluated:
+                writer.write(record)
+        records.clear()
+
+    records: list[dict] = []
     try:
         if eval_fn is not None:
             watchdog.arm(f"the evaluation at step {start_step}")
             first_eval = run_eval(start_step)
             watchdog.disarm()
             if start_step == 0:
-                writer.write({"step": 0, "eval_loss": first_eval})
+                writer.write({"step": 0, **first_eval})
         _stop_if_signalled(ckpt, start_step, started=False)
         if progress and is_main:
             from tqdm import tqdm
@@ -619,59 +780,48 @@ def _train(
             bar = tqdm(
                 total=cfg.steps, initial=start_step, desc="train", unit="step", dynamic_ncols=True
             )
+        # Asynchronous: step k+1 is dispatched (its batch built while step k ran) before step
+        # k's metrics are read, so the device never waits on the host. A step whose state is
+        # evaluated or saved is read first (its parameters are donated to the next step), and
+        # a state is saved only after its loss and gradient norm were checked.
+        pending: tuple[int, dict, float] | None = None
+        next_batch = global_batch(run, step)
+        loop_start = time.perf_counter()
         while step < cfg.steps:
             watchdog.arm(f"step {step + 1}")  # through its evaluation and save
             profiler.step(step + 1, pending=params)
-            batch = global_batch(run, step)
-            t0 = time.perf_counter()
-            params, opt_state, out = compiled(params, opt_state, batch)
-            loss = float(out["loss"])
-            dt = time.perf_counter() - t0
+            params, opt_state, out = compiled(params, opt_state, next_batch)
+            dispatched = time.perf_counter()
             step += 1
-            losses.append(loss)
-            timed_tokens += tokens_per_step
-            timed_seconds += dt
-            tps = tokens_per_step / dt
-            mfu = flops_per_step / dt / (peak * n_dev) if peak else None
-            record = {
-                "step": step,
-                "loss": loss,
-                "lr": float(lr_at(step - 1)),
-                "grad_norm": float(out["grad_norm"]),
-                "step_time_s": dt,
-                "tokens_per_s": tps,
-                "mfu": mfu,
-            }
-            for key in ("loss_scale", "skipped_steps"):
-                if key in out:
-                    record[key] = out[key].item()
-            bad = guard.check(loss, record["grad_norm"], record.get("skipped_steps"))
-            if bad is not None:
-                writer.write(record)  # the record of the failed step, for the post-mortem
-                last_good = ckpt.wait() if ckpt is not None else None
-                raise Diverged(step, bad, stop_line(bad, step, cfg.checkpoint_dir, last_good))
-            if (mem := device_memory()) is not None:
-                record["peak_bytes_in_use"] = mem["peak_bytes_in_use"]
             evaluated = eval_fn is not None and (step % cfg.eval_every == 0 or step == cfg.steps)
-            if evaluated:
-                record["eval_loss"] = run_eval(step)
-            if step % cfg.log_every == 0 or step == cfg.steps or evaluated:
-                writer.write(record)
-            if bar is not None:
-                post = {"loss": f"{loss:.4f}", "tok_s": f"{tps:,.0f}"}
-                if eval_losses:
-                    post["eval"] = f"{eval_losses[-1][1]:.4f}"
-                bar.set_postfix(post, refresh=False)
-                bar.update(1)
-            if ckpt is not None:
-                ckpt.save(
-                    step,
-                    {"params": params, "opt_state": opt_state},
-                    _meta(cfg, step, run.model),
-                    force=step == cfg.steps or signals.received() is not None,
-                )
+            saved = ckpt is not None and ckpt.due(step)
+            sync = step == cfg.steps or evaluated or saved or agreed_signal
+            if not sync:
+                next_batch = global_batch(run, step)  # while the device runs this step
+            if pending is not None:
+                finish(*pending)
+            pending = (step, out, dispatched)
+            if sync or agreed_signal:
+                finish(*pending)
+                pending = None
+                t_pause = time.perf_counter()
+                log_records(run_eval(step) if evaluated else None)
+                if ckpt is not None and (saved or step == cfg.steps or agreed_signal):
+                    ckpt.save(
+                        step,
+                        {"params": params, "opt_state": opt_state},
+                        _meta(cfg, step, run.model),
+                        force=True,
+                    )
+                paused += time.perf_counter() - t_pause
+                if agreed_signal:
+                    break
+                if step < cfg.steps:
+                    next_batch = global_batch(run, step)
+            else:
+                log_records()
             watchdog.disarm()
-            _stop_if_signalled(ckpt, step, started=True)
+        loop_s = time.perf_counter() - loop_start - paused
     finally:
         profiler.close(pending=params)
         watchdog.disarm()
@@ -682,7 +832,7 @@ def _train(
         watchdog.arm(f"the checkpoint of step {step}")
         ckpt.wait()
         watchdog.disarm()
-    _stop_if_signalled(ckpt, step, started=step > start_step)
+    _stop_if_signalled(ckpt, step, started=step > start_step, agreed=agreed_signal)
 
     tokens_per_s = timed_tokens / timed_seconds if timed_seconds else None
     mfu = (
@@ -701,9 +851,11 @@ def _train(
         mfu=mfu,
         compile_s=compile_s,
         wall_s=time.perf_counter() - t_start,
+        loop_s=loop_s,
         eval_losses=eval_losses,
         first_eval_loss=eval_losses[0][1] if eval_losses else None,
         final_eval_loss=eval_losses[-1][1] if eval_losses else None,
+        eval_accuracies=eval_accuracies,
         params=params,
         opt_state=opt_state,
         run=run,
@@ -719,14 +871,20 @@ def _skipped_so_far(opt_state: Any) -> int | None:
     return None if scale is None else int(scale.skipped)
 
 
-def _stop_if_signalled(ckpt: Checkpointer | None, step: int, *, started: bool) -> None:
-    """If SIGINT/SIGTERM arrived (:mod:`colossal_jax.signals`): wait for the checkpoint of
-    ``step`` (the loop forced its save) and raise :class:`signals.Interrupted` with the line that
-    says where it is."""
-    signum = signals.received()
+def _stop_if_signalled(
+    ckpt: Checkpointer | None, step: int, *, started: bool, agreed: int = 0
+) -> None:
+    """If SIGINT/SIGTERM arrived (:mod:`colossal_jax.signals`), or ``agreed`` (the stop flag the
+    steps agreed on, :func:`stop_flags`) says that another process received one: wait for the
+    checkpoint of ``step`` (the loop saved it) and raise :class:`signals.Interrupted` with the
+    line that says where it is."""
+    own = signals.received()
+    signum = own if own is not None else (agreed or None)
     if signum is None:
         return
     head = "interrupted" if signum == signal.SIGINT else f"interrupted by {signals.name(signum)}"
+    if own is None:
+        head += " (received by another process)"
     latest = ckpt.wait() if ckpt is not None else None
     if not started and step == 0 and latest is None:
         line = f"{head} before the first step; nothing to save"
@@ -745,7 +903,7 @@ def _stop_if_signalled(ckpt: Checkpointer | None, step: int, *, started: bool) -
     raise signals.Interrupted(signum, line)
 
 
-def _meta(cfg: TrainConfig, step: int, model: GPTConfig | None = None) -> dict:
+def _meta(cfg: TrainConfig, step: int, model: ModelConfig | None = None) -> dict:
     """The JSON saved with a checkpoint; ``architecture`` (the resolved model config, the data's
     vocabulary included) is what ``preflight.check_resume`` compares a resume against."""
     meta = {
@@ -760,6 +918,14 @@ def _meta(cfg: TrainConfig, step: int, model: GPTConfig | None = None) -> dict:
     if model is not None:
         meta["architecture"] = _jsonable(dataclasses.asdict(model))
     return meta
+
+
+def _outputs(model: ModelConfig) -> str:
+    """``vocab=V`` for a language model, ``classes=C (head H)`` for a classifier."""
+    classes = getattr(model, "num_classes", None)
+    if classes is None:
+        return f"vocab={model.vocab_size}"
+    return f"classes={classes} (head {model.vocab_size})"
 
 
 def _accumulation(cfg: TrainConfig) -> str:
@@ -790,6 +956,12 @@ def _summary_line(s: Summary, ckpt: Checkpointer | None) -> str:
         f"done: steps {s.start_step}->{s.final_step}",
         f"loss {s.first_loss:.4f} -> {s.final_loss:.4f}",
         (f"eval loss {s.first_eval_loss:.4f} -> {s.final_eval_loss:.4f}" if s.eval_losses else ""),
+        (
+            f"eval accuracy {100 * s.first_eval_accuracy:.1f}% -> "
+            f"{100 * s.final_eval_accuracy:.1f}%"
+            if s.first_eval_accuracy is not None and s.final_eval_accuracy is not None
+            else ""
+        ),
         f"{s.tokens_per_s:,.0f} tokens/s" if s.tokens_per_s else "",
         f"MFU {100 * s.mfu:.1f}%" if s.mfu is not None else "MFU n/a (unknown device peak)",
         f"compile {s.compile_s:.1f}s",

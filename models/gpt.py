@@ -59,7 +59,7 @@ class GPT(nnx.Module):
         """Token (+ learned position) embeddings ``[b, s, h]``."""
         x = self.wte(tokens)
         if self.wpe is not None:
-            x = x + self.wpe(positions)
+            x = x + self.wpe(jnp.maximum(positions, 0))  # padding: negative positions
         return x
 
     def logits(self, x: jax.Array) -> jax.Array:

@@ -4,6 +4,7 @@ docs/formulas.md formula. Compiles only (nothing executes), so 64 simulated CPU 
 
   python scripts/bench_comm.py --devices 64 --json comm64.json
   python scripts/bench_comm.py --devices 8 --blocks mlp --modes 2.5d,3d
+  python scripts/bench_comm.py --devices 8 --collective-matmul on
 """
 
 from __future__ import annotations
@@ -28,6 +29,12 @@ def parse(argv=None) -> argparse.Namespace:
     p.add_argument("--hidden", type=int, default=1024)
     p.add_argument("--heads", type=int, default=64)
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
+    p.add_argument(
+        "--collective-matmul",
+        default="off",
+        choices=["on", "off"],
+        help="the linears as ppermute rings interleaved with partial matmuls (default off)",
+    )
     return p.parse_args(argv)
 
 
@@ -71,7 +78,8 @@ def main(argv=None) -> int:
     shape = Shape(args.batch, args.seq, args.hidden, args.heads, args.dtype)
     print(
         f"T={shape.tokens} tokens (batch {shape.batch} × seq {shape.seq}), h={shape.hidden}, "
-        f"heads={shape.heads}, {shape.dtype}, {args.devices} devices; forward + backward"
+        f"heads={shape.heads}, {shape.dtype}, {args.devices} devices; forward + backward; "
+        f"collective matmul {args.collective_matmul}"
     )
     header = (
         f"{'block':6} {'mode':5} {'grid':10} {'measured MiB':>12} {'formula MiB':>12} "
@@ -83,7 +91,7 @@ def main(argv=None) -> int:
     for block in blocks:
         for grid in available:
             try:
-                rec = measure(grid, block, shape)
+                rec = measure(grid, block, shape, collective_matmul=args.collective_matmul == "on")
             except ValueError as e:
                 print(f"{block:6} {grid.mode:5} {grid.describe():10} skipped: {e}")
                 continue

@@ -108,11 +108,20 @@ def kill_loop(kills: int, steps: int, seed: int, workdir: Path) -> list[str]:
             f"on disk {_steps_on_disk(ckpt)}" + ("" if reached else " (ended first)"),
             flush=True,
         )
+    if expect is None and len(_steps_on_disk(ckpt)) >= 2:  # the kills came early: truncate now
+        expect = _truncate_latest(ckpt)
+        print(f"  truncated a file of checkpoint step {expect[0]} before the final run", flush=True)
     done = subprocess.run(cmd, env=crashlib.env(), capture_output=True, text=True, timeout=600)
     if done.returncode != 0:
         problems.append(f"the final run exited {done.returncode}: {done.stderr[-300:]}")
     if expect is None:
         problems.append("no truncation happened (too few checkpoints on disk)")
+    elif expect[0] > 0:
+        want = f"warning: checkpoint step {expect[0]} in {ckpt.resolve()} is incomplete or corrupt"
+        if want not in done.stderr or f"using step {expect[1]}" not in done.stderr:
+            problems.append(f"the final run did not warn about step {expect[0]}")
+        else:
+            print(f"  the final run warned and used step {expect[1]}", flush=True)
     got = crashlib.losses(metrics)
     if got != ref:
         diff = [s for s in ref if got.get(s) != ref[s]]

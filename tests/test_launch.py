@@ -268,3 +268,56 @@ def test_launch_local_trains_like_one_process_and_resumes_elsewhere(tmp_path):
         lines = _launch(processes, per, 14, where, tmp_path / f"{name}.jsonl")
         assert any("resumed from" in x and "at step 10" in x for x in lines), lines
         np.testing.assert_allclose(_losses(tmp_path / f"{name}.jsonl"), reference, rtol=1e-5)
+
+
+@pytest.mark.slow
+def test_sigterm_to_one_process_stops_both_at_the_same_step(tmp_path):
+    """A scheduler may signal one process of a job: the steps carry every process's stop flag
+    (``train.stop_flags``), so both processes stop after the same step, save one checkpoint of
+    it together and exit 143 with one line, within 30 s."""
+    from colossal_jax.checkpoint import Checkpointer
+    from tests.test_multiprocess import _free_port
+
+    metrics, ckpt = tmp_path / "m.jsonl", tmp_path / "ck"
+    port = _free_port()
+    common = [TRAIN, "--steps", "1000", "--mesh", "data=4", "--devices", "2", *SMALL]
+    common += ["--coordinator", f"127.0.0.1:{port}", "--num-processes", "2"]
+    common += ["--checkpoint-dir", str(ckpt), "--checkpoint-every", "1000"]
+    procs = [
+        subprocess.Popen(
+            [sys.executable, *common, "--process-id", str(i)]
+            + (["--metrics-file", str(metrics)] if i == 0 else []),
+            env=_env(),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for i in range(2)
+    ]
+    try:
+        deadline = time.monotonic() + 240
+        while not metrics.exists() or len(_losses(metrics)) < 3:
+            assert time.monotonic() < deadline, "no step within 240 s"
+            assert all(p.poll() is None for p in procs), [p.communicate() for p in procs]
+            time.sleep(0.1)
+        procs[1].send_signal(signal.SIGTERM)
+        sent = time.monotonic()
+        outs = [p.communicate(timeout=60) for p in procs]
+        assert time.monotonic() - sent < 30
+        lines = []
+        for p, (_, err) in zip(procs, outs, strict=True):
+            assert p.returncode == 143, err
+            assert "Traceback" not in err, err
+            lines.append(err.strip().splitlines()[-1])
+        steps = [int(x.split(" at step ")[1].split(";")[0]) for x in lines]
+        assert steps[0] == steps[1] >= 3, lines
+        assert lines[1].startswith("interrupted by SIGTERM at step"), lines
+        assert lines[0].startswith("interrupted by SIGTERM (received by another process)"), lines
+        assert "checkpoint saved in" in lines[0] and "checkpoint saved in" in lines[1], lines
+        assert Checkpointer(str(ckpt), 1000, read_only=True).latest_step() == steps[0]
+        assert len(_losses(metrics)) == steps[0]  # process 0 logged every step it ran
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()

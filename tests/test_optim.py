@@ -83,3 +83,37 @@ def test_schedule_warms_up_then_decays():
     lr = schedule(cfg, 100)
     assert float(lr(0)) == 0.0 and float(lr(10)) == pytest.approx(1.0)
     assert float(lr(100)) == pytest.approx(0.1)
+
+
+@pytest.mark.parametrize("name", ["lamb", "lars", "adamw"])
+def test_layer_stacked_parameters_are_optimised_layer_by_layer(name):
+    """A model's layer-stacked parameters (``[L, ...]``, layers/stack.py) take the update each
+    layer would take alone: stacked biases and norms are not decayed (rank 1 per layer) and
+    LAMB/LARS trust ratios are per layer, not one ratio for the whole stack."""
+    from flax import nnx
+
+    from colossal_jax.layers.stack import LAYER_AXIS
+    from colossal_jax.optim import matrix_mask
+
+    k = jax.random.split(jax.random.key(1), 4)
+    scale = jnp.array([1.0, 30.0])[:, None, None]  # layer 1's weights 30× larger
+    w, gw = jax.random.normal(k[0], (2, 4, 3)) * scale, jax.random.normal(k[1], (2, 4, 3))
+    b, gb = jax.random.normal(k[2], (2, 3)), jax.random.normal(k[3], (2, 3))
+    stacked = {LAYER_AXIS: 0}
+
+    class Layers(nnx.Module):
+        def __init__(self, w, b):
+            self.w = nnx.Param(w, **stacked)
+            self.b = nnx.Param(b, **stacked)
+
+    params = nnx.state(Layers(w, b))
+    grads = nnx.state(Layers(gw, gb))
+    mask = matrix_mask(params)
+    assert bool(mask["w"]) and not bool(mask["b"])
+    tx = make_optimizer(_cfg(name), 10)
+    updates, _ = tx.update(grads, tx.init(params), params)
+    for layer in range(2):  # each layer alone, as plain arrays: matrix w, vector b
+        alone = {"w": w[layer], "b": b[layer]}
+        want, _ = tx.update({"w": gw[layer], "b": gb[layer]}, tx.init(alone), alone)
+        np.testing.assert_allclose(updates["w"][...][layer], want["w"], rtol=1e-5)
+        np.testing.assert_allclose(updates["b"][...][layer], want["b"], rtol=1e-5)

@@ -123,3 +123,34 @@ def test_check_config_runs_the_run_rules_without_devices():
     with pytest.raises(ConfigError, match="a device has 0.0 GB"):
         rules.check_config(TrainConfig(batch_size=8, parallel=ParallelConfig(data=4)), model,
                            memory=(1000, 1))  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "mode,heads,kv,split,depth,match",
+    [
+        (
+            "1d",
+            8,
+            4,
+            8,
+            1,
+            r"1d splits attention heads 8 ways, but kv_heads=4 .*tensor ∈ \{1, 2, 4\}",
+        ),
+        ("2d", 8, 2, 4, 1, r"kv_heads=2 is not divisible by 4.*tensor \(q×q\) ∈ \{1, 4\}"),
+        ("2.5d", 8, 1, 2, 2, r"kv_heads=1 .*depth=2\) ∈ \{2\}"),
+        ("3d", 8, 1, 2, 1, r"kv_heads=1 .*tensor \(q×q×q\) ∈ \{1\}"),
+        ("none", 8, 3, 1, 1, r"kv_heads=3 must divide heads=8 .*n_kv_head=2 or 4"),
+    ],  # fmt: skip
+)
+def test_kv_heads_rule_names_the_value_and_valid_tensor_sizes(mode, heads, kv, split, depth, match):
+    with pytest.raises(ConfigError, match=match):
+        rules.check_kv_heads(mode, heads, kv, split, depth)
+    rules.check_kv_heads(mode, heads, heads, split, depth)  # multi-head attention fits
+
+
+def test_layout_validate_checks_kv_heads():
+    par = ParallelConfig(tensor_row=8, tensor_mode="1d")
+    layout = make_layout(par, build_mesh(par, jax.devices()[:8]))
+    layout.validate(hidden=64, mlp=256, heads=8, vocab=256, kv_heads=8)
+    with pytest.raises(ConfigError, match="kv_heads=2"):
+        layout.validate(hidden=64, mlp=256, heads=8, vocab=256, kv_heads=2)

@@ -1,7 +1,17 @@
 """The library's layers and the switch that routes them to a parallel layout."""
 
 from colossal_jax.layers.context import Parallelism, active, use_parallelism
-from colossal_jax.layers.core import MLP, Dense, Embed, LayerNorm, SelfAttention, cross_entropy
+from colossal_jax.layers.core import (
+    MLP,
+    Dense,
+    Embed,
+    LayerNorm,
+    RMSNorm,
+    SelfAttention,
+    SwiGLU,
+    cross_entropy,
+)
+from colossal_jax.layers.features import FeatureEmbed
 from colossal_jax.layers.stack import Stack, apply_layers, stacked_filter
 
 
@@ -16,10 +26,13 @@ __all__ = [
     "MLP",
     "Dense",
     "Embed",
+    "FeatureEmbed",
     "LayerNorm",
     "Parallelism",
+    "RMSNorm",
     "SelfAttention",
     "Stack",
+    "SwiGLU",
     "apply_layers",
     "stacked_filter",
     "active",

@@ -42,7 +42,7 @@ def _single_device() -> Parallelism:
         devices=jax.devices()[:1],
     )
     layout = ReplicatedLayout(mesh, ActivationAxes(batch=("data",), seq="seq"))
-    return Parallelism(layout, functools.partial(dot_product_attention, causal=True))
+    return Parallelism(layout, dot_product_attention)
 
 
 def active() -> Parallelism:
@@ -57,7 +57,7 @@ def use_parallelism(
 ) -> Iterator[Parallelism]:
     """Route the library's layers to ``layout`` (and ``local_attention``) inside the block."""
     if local_attention is None:
-        local_attention = functools.partial(dot_product_attention, causal=True)
+        local_attention = dot_product_attention
     token = _ACTIVE.set(Parallelism(layout, local_attention))
     try:
         yield _ACTIVE.get()  # type: ignore[misc]

@@ -3,7 +3,8 @@
 The rotation angle of each query/key comes from its *global token position*, passed alongside
 the block, never from its index in the local array. So RoPE stays exact when the sequence is
 split over devices (contiguous, zigzag) and keys travel around a ring: each key block is rotated
-once, at its own positions, before it leaves its device.
+once, at its own positions, before it leaves its device. Padding tokens (negative positions, the
+kernels' padding mask) are rotated as position 0.
 
 Communication: none. Memory: the ``[b, s, d/2]`` angle table of the local block.
 """
@@ -34,10 +35,15 @@ def apply_rope(x: jax.Array, positions: jax.Array, theta: float = 10000.0) -> ja
     return out.astype(x.dtype)
 
 
-def _rotated(q, k, v, q_pos, k_pos, *, inner: LocalAttention, theta: float):
-    return inner(apply_rope(q, q_pos, theta), apply_rope(k, k_pos, theta), v, q_pos, k_pos)
+def _rotated(q, k, v, q_pos, k_pos, *, inner: LocalAttention, theta: float, **kwargs):
+    # padding carries a negative position (the mask's signal, passed on unchanged); its rotation
+    # uses position 0, so no angle is ever computed from a negative position
+    q_rot = apply_rope(q, jnp.maximum(q_pos, 0), theta)
+    k_rot = apply_rope(k, jnp.maximum(k_pos, 0), theta)
+    return inner(q_rot, k_rot, v, q_pos, k_pos, **kwargs)
 
 
 def with_rope(local_attention: LocalAttention, theta: float = 10000.0) -> LocalAttention:
-    """``local_attention`` with queries and keys rotated by their positions first."""
+    """``local_attention`` with queries and keys rotated by their positions first (padding,
+    negative positions, rotated as position 0 and still masked by the kernel)."""
     return functools.partial(_rotated, inner=local_attention, theta=theta)

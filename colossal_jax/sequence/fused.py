@@ -11,6 +11,12 @@ position order: no sequence split (``seq_mode none``) and Ulysses (whose all-to-
 whole sequence in order). Ring attention's zigzag blocks are masked by positions and keep the
 reference block computation.
 
+Padding (keys with negative positions, :mod:`colossal_jax.sequence.local`) reaches cuDNN as
+per-row key lengths (``key_value_seq_lengths`` = the number of non-negative key positions), which
+is exact when each row's padding is *trailing* (right padding, the usual batch layout). cuDNN
+takes an arbitrary mask only as a dense ``[b, 1, s, s]`` bias, which would give back the memory
+the fused kernel saves, so left or interleaved padding needs ``--attention xla``.
+
 Communication: none. Memory: cuDNN ``O(b·s·h)``; fallback ``O(b·a·s²)``.
 """
 
@@ -64,7 +70,11 @@ def fused_attention(
     causal: bool = True,
     implementation: str = "auto",
 ) -> jax.Array:
-    """Attention on ``[b, s, a, d]`` blocks whose positions are in index order (see module)."""
+    """Attention on ``[b, s, a, d]`` blocks whose positions are in index order, any padding
+    trailing (see module)."""
     if resolve(implementation, q.dtype) == "cudnn":
-        return jax.nn.dot_product_attention(q, k, v, is_causal=causal, implementation="cudnn")
+        kv_lengths = jnp.sum(k_pos >= 0, axis=1, dtype=jnp.int32)  # trailing padding: exact
+        return jax.nn.dot_product_attention(
+            q, k, v, is_causal=causal, key_value_seq_lengths=kv_lengths, implementation="cudnn"
+        )
     return dot_product_attention(q, k, v, q_pos, k_pos, causal=causal)

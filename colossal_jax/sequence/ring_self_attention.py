@@ -6,10 +6,13 @@ System Perspective", arXiv 2105.13120. Each of the ``p`` devices on ``axis_name`
 
 - **RingQK**: the key block (and its positions) is passed ``p - 1`` times around the ring
   (``ppermute`` ``j -> j + 1``); each step fills one ``[s/p, s/p]`` slice of the device's full
-  score rows ``[b, a, s/p, s]`` (float32). The rows are masked (``k_pos <= q_pos``) and
-  soft-maxed over the whole sequence at once.
+  score rows ``[b, a, s/p, s]`` (float32). The rows are masked (padding keys, negative
+  positions, always; ``k_pos <= q_pos`` when causal) and soft-maxed over the whole sequence at
+  once.
 - **RingAV**: the value block is passed ``p - 1`` times around the ring in the same order; each
   step accumulates ``probs[:, :, :, block] @ v_block``.
+
+Keys and values may have fewer heads than queries (grouped-query attention; only those travel).
 
 Gradients come from plain autodiff (the paper's baseline; no custom backward), which transposes
 each ``ppermute`` into the reverse ring.
@@ -27,6 +30,12 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
+from colossal_jax.sequence.local import (
+    grouped_scores,
+    grouped_values,
+    masked_softmax,
+    visible,
+)
 from colossal_jax.sequence.ring import ring_shift
 
 
@@ -46,7 +55,7 @@ def ring_self_attention(
       q, k, v: this device's blocks ``[b, s_local, a, d]``.
       q_pos, k_pos: integer global token positions ``[b, s_local]``.
       axis_name: the sequence-parallel mesh axis.
-      causal: mask keys with ``k_pos > q_pos``.
+      causal: mask keys with ``k_pos > q_pos`` (keys with ``k_pos < 0``, padding, always).
 
     Returns:
       ``[b, s_local, a, d]`` in ``q``'s dtype.
@@ -55,19 +64,17 @@ def ring_self_attention(
     scale = q.shape[-1] ** -0.5
 
     # RingQK: at step t this device holds the key block of device (i - t) mod p.
-    blocks = []
+    blocks, keeps = [], []
     k_t, kp_t = k, k_pos
     for t in range(p):
         if t > 0:
             k_t, kp_t = ring_shift((k_t, kp_t), axis_name, p)
-        s = jnp.einsum("bqad,bkad->baqk", q, k_t, preferred_element_type=jnp.float32) * scale
-        if causal:
-            visible = kp_t[:, None, None, :] <= q_pos[:, None, :, None]
-            s = jnp.where(visible, s, -jnp.inf)
+        s = grouped_scores(q, k_t) * scale
         blocks.append(s)
+        keeps.append(visible(q_pos, kp_t, causal))
     scores = jnp.concatenate(blocks, axis=-1)  # [b, a, s_local, s], key blocks in ring order
-    probs = jax.nn.softmax(scores, axis=-1)
-    probs = jnp.where(jnp.isnan(probs), 0.0, probs)  # rows with no visible key
+    # rows with no visible key (padding queries) are zeros, with zero gradient
+    probs = masked_softmax(scores, jnp.concatenate(keeps, axis=-1))
 
     # RingAV: the value blocks arrive in the same order as the key blocks did.
     s_loc = k.shape[1]
@@ -77,6 +84,6 @@ def ring_self_attention(
         if t > 0:
             v_t = ring_shift(v_t, axis_name, p)
         pr = probs[..., t * s_loc : (t + 1) * s_loc].astype(v.dtype)
-        part = jnp.einsum("baqk,bkad->bqad", pr, v_t, preferred_element_type=jnp.float32)
+        part = grouped_values(pr, v_t)
         out = part if out is None else out + part
     return out.astype(q.dtype)

@@ -15,11 +15,18 @@ Per-device cost (``h = a * d``, ``n = b * s / p``):
   (``O(b a s^2 / p)``), and the ``[b, s, a/p, d]`` q, k, v, out.
 
 Requires ``a % p == 0`` (the number of local heads divisible by the sequence-parallel size).
+Grouped-query attention (``g`` K/V heads, ``g`` dividing ``a``): K/V are re-split by heads too,
+so where ``p`` does not divide ``g`` each K/V head is first repeated ``p / gcd(g, p)`` times (to
+``lcm(g, p)`` heads, which divides ``a``): the K/V all-to-alls then move ``lcm(g, p)/a`` of the
+multi-head bytes instead of ``g/a`` (never more than multi-head attention).
 """
 
 from __future__ import annotations
 
+import math
+
 import jax
+import jax.numpy as jnp
 
 from colossal_jax.rules import check_ulysses_heads
 from colossal_jax.sequence.fused import fused_attention
@@ -40,13 +47,15 @@ def ulysses_attention(
     """Ulysses attention over ``axis_name``; call *inside* a ``shard_map`` including that axis.
 
     Args:
-      q, k, v: this device's blocks ``[b, s_local, a, d]``.
+      q, k, v: this device's blocks ``[b, s_local, a, d]`` (``k, v``: ``[b, s_local, g, d]``
+        with ``g`` dividing ``a`` under grouped-query attention).
       q_pos, k_pos: integer global token positions ``[b, s_local]``.
       axis_name: the sequence-parallel mesh axis.
-      causal: mask keys with ``k_pos > q_pos``.
+      causal: mask keys with ``k_pos > q_pos`` (keys with ``k_pos < 0``, padding, always).
       implementation: ``xla`` (position-masked reference) or ``auto``/``cudnn`` for the fused
         kernel of :mod:`colossal_jax.sequence.fused` on the gathered, in-order sequence (valid
-        when the positions are contiguous and ascending, as the training loop lays them out).
+        when the positions are contiguous and ascending, as the training loop lays them out,
+        with any padding trailing).
 
     Returns:
       ``[b, s_local, a, d]`` in ``q``'s dtype.
@@ -57,6 +66,13 @@ def ulysses_attention(
     p = jax.lax.axis_size(axis_name)
     heads = q.shape[2]
     check_ulysses_heads(heads, p)
+    kv_heads = k.shape[2]
+    if kv_heads % p:
+        # grouped-query attention with fewer K/V heads than devices (or not a multiple): repeat
+        # each K/V head r times, r = p / gcd(g, p), so the lcm(g, p) heads split p ways; every
+        # query head still reads the copy of its own key head
+        r = p // math.gcd(kv_heads, p)
+        k, v = jnp.repeat(k, r, axis=2), jnp.repeat(v, r, axis=2)
 
     def seq_to_heads(x: jax.Array) -> jax.Array:
         return jax.lax.all_to_all(x, axis_name, split_axis=2, concat_axis=1, tiled=True)

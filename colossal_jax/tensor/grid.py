@@ -1,11 +1,11 @@
 """What every tensor-split layout shares: kernels that follow from its specs alone.
 
-Given a layout's residual, wide, token and embedding specs, the layer norm, the embedding, the
-attention head split and the vocab-parallel cross-entropy are the same algorithm in 1D, 2D,
-2.5D and 3D — only the axes differ, and those are read off the specs:
+Given a layout's residual, wide, token and embedding specs, the layer norm and RMSNorm, the
+embedding, the attention head split and the vocab-parallel cross-entropy are the same algorithm
+in 1D, 2D, 2.5D and 3D — only the axes differ, and those are read off the specs:
 
 - the axes splitting the residual's hidden dimension: LayerNorm all-reduces its statistics
-  over them (``2·rows`` elements per direction);
+  over them (``2·rows`` elements per direction), RMSNorm its one statistic Σx² (``rows``);
 - the axes splitting the wide dimension: attention heads and the vocabulary (LM head logits)
   are split over them;
 - the axes splitting the embedding table's rows: the vocabulary of the lookup. Where they also
@@ -20,8 +20,13 @@ several linears that read the same input — Q, K and V — in one ``shard_map``
 gather, so autodiff sums their input gradients *before* the one transposed collective
 (Megatron's fused QKV: one all-reduce instead of three in 1D, one reduce-scatter in 2D/3D).
 
-Subclasses implement the specs, ``_gather_input``, ``_matmul``, :meth:`TensorLayout.validate`
-and :meth:`TensorLayout.batch_divisor`.
+With ``collective_matmul=True`` the layout runs its ``_collective_products`` instead: the same
+products and the same bytes, with a gather or scatter decomposed into a ``ppermute`` ring
+interleaved with partial matmuls (:mod:`colossal_jax.tensor.collective_matmul`); fused linears
+still share one input ring or gather.
+
+Subclasses implement the specs, ``_gather_input``, ``_matmul``, ``_collective_products``,
+:meth:`TensorLayout.validate` and :meth:`TensorLayout.batch_divisor`.
 """
 
 from __future__ import annotations
@@ -29,15 +34,18 @@ from __future__ import annotations
 import abc
 
 import jax
+from jax.sharding import Mesh
 from jax.sharding import PartitionSpec as P
 
 from colossal_jax.tensor.kernels import (
     reduce_loss,
     split_layer_norm,
+    split_rms_norm,
     varying,
     vocab_parallel_embed,
 )
 from colossal_jax.tensor.layout import (
+    ActivationAxes,
     AxisNames,
     LinearKind,
     LocalAttention,
@@ -58,7 +66,20 @@ def axes_of(entry) -> AxisNames:
 
 
 class GridLayout(TensorLayout):
-    """A layout whose shared kernels are derived from its specs (see module docstring)."""
+    """A layout whose shared kernels are derived from its specs (see module docstring).
+
+    ``collective_matmul``: run the linears' gathers and scatters as ``ppermute`` rings
+    interleaved with partial matmuls (``--collective-matmul on``)."""
+
+    def __init__(
+        self,
+        mesh: Mesh,
+        activation_axes: ActivationAxes | None = None,
+        *,
+        collective_matmul: bool = False,
+    ):
+        super().__init__(mesh, activation_axes or ActivationAxes())
+        self.collective_matmul = collective_matmul
 
     def hidden_axes(self) -> AxisNames:
         return axes_of(self.residual_spec()[2])
@@ -71,7 +92,11 @@ class GridLayout(TensorLayout):
 
     def weight_grad_axes(self, kind: LinearKind) -> AxisNames:
         """Axes that split the tokens but not the weight: its gradient is summed over them."""
-        w_axes = {a for entry in self.weight_spec(kind) for a in axes_of(entry)}
+        return self.weight_grad_axes_of(self.weight_spec(kind))
+
+    def weight_grad_axes_of(self, spec: P) -> AxisNames:
+        """Axes that split the tokens but not a parameter of ``spec``."""
+        w_axes = {a for entry in spec for a in axes_of(entry)}
         return tuple(a for a in self.token_axes() if a not in w_axes)
 
     @abc.abstractmethod
@@ -81,6 +106,18 @@ class GridLayout(TensorLayout):
     @abc.abstractmethod
     def _matmul(self, x: jax.Array, w: jax.Array, kind: LinearKind) -> jax.Array:
         """Per device: gathered input times the weight block, in the output layout."""
+
+    @abc.abstractmethod
+    def _collective_products(
+        self, x: jax.Array, ws: list[jax.Array], kind: LinearKind
+    ) -> list[jax.Array]:
+        """Per device: ``[_matmul(_gather_input(x), w) for w in ws]`` as collective matmuls."""
+
+    def _products(self, x: jax.Array, ws: list[jax.Array], kind: LinearKind) -> list[jax.Array]:
+        if self.collective_matmul:
+            return self._collective_products(x, ws, kind)
+        xg = self._gather_input(x, kind)
+        return [self._matmul(xg, w, kind) for w in ws]
 
     def linear(self, x, w, b, kind: LinearKind):
         return self.linears(x, [w], None if b is None else [b], kind)[0]
@@ -95,10 +132,9 @@ class GridLayout(TensorLayout):
         n = len(ws)
 
         def body(x, ws, *bs):
-            xg = self._gather_input(x, kind)
             # the weight block is marked varying over the token axes *before* its gather, so its
             # gradient is reduced over them on the small local block
-            ys = [self._matmul(xg, varying(w, grad_axes), kind) for w in ws]
+            ys = self._products(x, [varying(w, grad_axes) for w in ws], kind)
             return [y + b for y, b in zip(ys, bs[0], strict=True)] if bs else ys
 
         in_specs = (src, [self.weight_spec(kind)] * n)
@@ -117,6 +153,16 @@ class GridLayout(TensorLayout):
             (spec, self.norm_spec(), self.norm_spec()),
             spec,
         )(x, scale, bias)
+
+    def rms_norm(self, x, scale, eps: float):
+        spec = self.residual_spec()
+        hidden = self.hidden_axes()
+        return sharded(
+            lambda x, s: split_rms_norm(x, s, eps, hidden_axes=hidden),
+            self.mesh,
+            (spec, self.norm_spec()),
+            spec,
+        )(x, scale)
 
     def embed(self, tokens, table):
         vocab = axes_of(self.embedding_spec()[0])
@@ -140,7 +186,18 @@ class GridLayout(TensorLayout):
             self.residual_spec(),
         )(tokens, table)
 
-    def attention(self, q, k, v, positions, *, heads: int, local_attention: LocalAttention):
+    def attention(
+        self,
+        q,
+        k,
+        v,
+        positions,
+        *,
+        heads: int,
+        local_attention: LocalAttention,
+        causal: bool = True,
+        kv_heads: int | None = None,
+    ):
         return attention_in_shard_map(
             self,
             q,
@@ -150,6 +207,8 @@ class GridLayout(TensorLayout):
             heads=heads,
             head_split=self.axis_size(self.wide_axes()),
             local_attention=local_attention,
+            causal=causal,
+            kv_heads=kv_heads,
         )
 
     def cross_entropy(self, logits, targets, weights):

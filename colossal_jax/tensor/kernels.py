@@ -42,6 +42,14 @@ def varying(x: jax.Array, axes: AxisNames) -> jax.Array:
     return jax.lax.pvary(x, todo)  # the same cast under its earlier name
 
 
+def grid_transpose(x: jax.Array, row: str, col: str) -> jax.Array:
+    """On a ``q×q`` grid over ``(row, col)``, device ``(i, j)`` receives the block of device
+    ``(j, i)`` (diagonal devices keep theirs): one ``ppermute`` of the block."""
+    q = jax.lax.axis_size(row)
+    perm = [(i * q + j, j * q + i) for i in range(q) for j in range(q)]
+    return jax.lax.ppermute(x, (row, col), perm)
+
+
 def split_layer_norm(
     x: jax.Array,
     scale: jax.Array,
@@ -65,6 +73,28 @@ def split_layer_norm(
     var = jnp.maximum(s2 / n - jnp.square(mean), 0.0)
     y = (xf - mean) * jax.lax.rsqrt(var + eps)
     return (y * scale + bias).astype(x.dtype)
+
+
+def split_rms_norm(
+    x: jax.Array,
+    scale: jax.Array,
+    eps: float,
+    *,
+    hidden_axes: AxisNames,
+) -> jax.Array:
+    """RMSNorm (Zhang & Sennrich 2019, arXiv 1910.07467): ``x / sqrt(mean(x²) + eps) · scale``
+    of ``x: [b, s, h/n]`` whose hidden dimension is split over ``hidden_axes`` (n devices). Only
+    Σx² is all-reduced over them: ``b·s`` elements per device per direction, half of
+    :func:`split_layer_norm`'s; no mean is subtracted and there is no bias. ``scale`` is the
+    local ``[h/n]`` slice. Memory: the float32 copy of the block."""
+    xf = x.astype(jnp.float32)
+    s2 = jnp.sum(jnp.square(xf), axis=-1, keepdims=True)
+    n = x.shape[-1]
+    if hidden_axes:
+        s2 = jax.lax.psum(s2, hidden_axes)
+        n = n * jax.lax.axis_size(hidden_axes)
+    y = xf * jax.lax.rsqrt(s2 / n + eps)
+    return (y * scale).astype(x.dtype)
 
 
 def vocab_parallel_embed(

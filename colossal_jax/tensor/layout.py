@@ -14,10 +14,22 @@ Shapes (global):
   :meth:`TensorLayout.wide_spec`; the input of an ``"out"`` linear is in the same spec.
 - weights ``[n, k]`` in :meth:`TensorLayout.weight_spec` (``kind`` ``"in"``: ``n = h``;
   ``"out"``: ``k = h``), biases ``[k]`` in :meth:`TensorLayout.bias_spec`.
-- layer-norm scale/bias ``[h]`` in :meth:`TensorLayout.norm_spec`; embedding table ``[V, h]``
-  in :meth:`TensorLayout.embedding_spec`.
+- layer-norm and RMSNorm scale/bias ``[h]`` in :meth:`TensorLayout.norm_spec`; embedding table
+  ``[V, h]`` in :meth:`TensorLayout.embedding_spec` (its spec is the lookup's; a tied LM head
+  reads the same table through :meth:`TensorLayout.tied_logits`).
 - tokens, targets, positions, loss weights: ``[b, s]`` in :meth:`TensorLayout.token_spec`
   (batch split like the residual stream's batch, replicated over the hidden-splitting axes).
+
+Attention masks are chosen by the model and need no extra array:
+
+- ``causal`` (a Python bool of :meth:`TensorLayout.attention`, passed to every attention kernel)
+  masks keys at later positions (``k_pos > q_pos``);
+- **padding** is a *negative position*: every kernel masks keys with ``k_pos < 0`` for every
+  query, causal or not. Positions already travel with K/V (around the ring, through the Ulysses
+  all-gather, into pipeline stages), so the mask does too. Consumers of positions other than the
+  mask clamp them to ``>= 0`` (RoPE rotates padding as position 0; a learned position table
+  looks up row 0). A padding query attends to no key under the causal mask and outputs zeros;
+  padding tokens should carry loss weight 0.
 
 Kernel modules import nothing from the rest of the package but :mod:`colossal_jax.rules`, whose
 functions they call where a kernel needs a configuration rule.
@@ -45,11 +57,15 @@ LinearKind = Literal["in", "out"]
 
 AxisNames = tuple[str, ...]
 
-LocalAttention = Callable[[jax.Array, jax.Array, jax.Array, jax.Array, jax.Array], jax.Array]
-"""``f(q, k, v, q_pos, k_pos) -> out``, run *inside* a ``shard_map``: per-device blocks
-``q, k, v: [b, s_local, heads_local, head_dim]`` and integer positions ``[b, s_local]``; returns
-``[b, s_local, heads_local, head_dim]``. It may use collectives over the sequence axis (ring
-attention, Ulysses), so the layout's ``shard_map`` must include that axis."""
+LocalAttention = Callable[..., jax.Array]
+"""``f(q, k, v, q_pos, k_pos, *, causal: bool) -> out``, run *inside* a ``shard_map``: per-device
+blocks ``q: [b, s_local, heads_local, head_dim]``, ``k, v: [b, s_local, kv_heads_local,
+head_dim]`` (``kv_heads_local`` dividing ``heads_local``: grouped-query attention, query head
+``i`` reads key/value head ``i // (heads_local / kv_heads_local)``) and integer positions
+``[b, s_local]`` (negative: padding, masked as a key for every query); returns
+``[b, s_local, heads_local, head_dim]``. ``causal`` masks keys with ``k_pos > q_pos``. It may use
+collectives over the sequence axis (ring attention, Ulysses), so the layout's ``shard_map`` must
+include that axis."""
 
 
 @dataclass(frozen=True)
@@ -190,9 +206,15 @@ class TensorLayout(abc.ABC):
         sizes = (self.mesh.shape.get(a, 1) for a in rules.TENSOR_AXES)
         return rules.tensor_split(self.mode, *sizes)
 
-    def validate(self, *, hidden: int, mlp: int, heads: int, vocab: int) -> None:
+    def validate(
+        self, *, hidden: int, mlp: int, heads: int, vocab: int, kv_heads: int | None = None
+    ) -> None:
         """Raise ``ValueError`` if the model dimensions do not fit this layout's grid."""
-        rules.check_split(self.tensor_split(), hidden=hidden, mlp=mlp, heads=heads, vocab=vocab)
+        split = self.tensor_split()
+        rules.check_split(split, hidden=hidden, mlp=mlp, heads=heads, vocab=vocab)
+        if kv_heads is not None:
+            depth = self.mesh.shape.get("tensor_depth", 1)
+            rules.check_kv_heads(self.mode, heads, kv_heads, split.divisor("heads"), depth)
 
     # ---- specs -------------------------------------------------------------------------------
     @abc.abstractmethod
@@ -241,8 +263,21 @@ class TensorLayout(abc.ABC):
         """LayerNorm over the (possibly split) hidden dimension of a residual-layout ``x``."""
 
     @abc.abstractmethod
+    def rms_norm(self, x: jax.Array, scale: jax.Array, eps: float) -> jax.Array:
+        """RMSNorm over the (possibly split) hidden dimension of a residual-layout ``x``; ``scale``
+        in :meth:`norm_spec`."""
+
+    @abc.abstractmethod
     def embed(self, tokens: jax.Array, table: jax.Array) -> jax.Array:
         """``table[tokens]``: token ids ``[b, s]`` -> residual-layout ``[b, s, h]``."""
+
+    @abc.abstractmethod
+    def tied_logits(self, x: jax.Array, table: jax.Array) -> jax.Array:
+        """``x @ table.T``: the LM head that reuses the token-embedding ``table`` (``[V, h]`` in
+        :meth:`embedding_spec`) on a residual-layout ``x``; returns wide-layout logits
+        ``[b, s, V]`` (vocabulary split as an ``"in"`` linear's output, ready for
+        :meth:`cross_entropy`). The table's gradient from this use adds to the lookup's, as
+        both read the one parameter."""
 
     @abc.abstractmethod
     def attention(
@@ -254,12 +289,18 @@ class TensorLayout(abc.ABC):
         *,
         heads: int,
         local_attention: LocalAttention,
+        causal: bool = True,
+        kv_heads: int | None = None,
     ) -> jax.Array:
-        """Multi-head attention on wide-layout ``q, k, v: [b, s, heads*head_dim]``.
+        """Multi-head attention on wide-layout ``q: [b, s, heads*head_dim]`` and
+        ``k, v: [b, s, kv_heads*head_dim]`` (``kv_heads`` dividing ``heads``: grouped-query
+        attention; ``None``: ``heads``).
 
-        Splits the last dimension into ``heads`` heads *locally* (each device's hidden slice holds
-        whole heads), calls ``local_attention`` inside one ``shard_map`` that also covers the
-        sequence axis, and returns the wide-layout ``[b, s, heads*head_dim]`` result.
+        Splits the last dimensions into heads *locally* (each device's wide slice holds whole
+        query and whole key/value heads, :func:`colossal_jax.rules.check_kv_heads`), calls
+        ``local_attention(..., causal=causal)`` inside one ``shard_map`` that also covers the
+        sequence axis, and returns the wide-layout ``[b, s, heads*head_dim]`` result. Keys at
+        negative positions (padding) are masked for every query.
         """
 
     @abc.abstractmethod
@@ -280,18 +321,32 @@ def attention_in_shard_map(
     heads: int,
     head_split: int,
     local_attention: LocalAttention,
+    causal: bool = True,
+    kv_heads: int | None = None,
 ) -> jax.Array:
     """Shared body of :meth:`TensorLayout.attention`: the wide spec splits the hidden dimension
-    ``head_split`` ways, so each device holds ``heads // head_split`` whole heads."""
+    ``head_split`` ways, so each device holds ``heads // head_split`` whole query heads and
+    ``kv_heads // head_split`` whole key/value heads."""
     wide = layout.wide_spec()
     tokens = layout.token_spec()
     rules.check_head_split(layout.mode, heads, head_split)
-    local_heads = heads // head_split
+    kv_heads = heads if kv_heads is None else kv_heads
+    depth = layout.mesh.shape.get("tensor_depth", 1)
+    rules.check_kv_heads(layout.mode, heads, kv_heads, head_split, depth)
+    local_heads, local_kv = heads // head_split, kv_heads // head_split
 
     def body(q, k, v, pos):
         b, s, hd = q.shape
-        shape = (b, s, local_heads, hd // local_heads)
-        out = local_attention(q.reshape(shape), k.reshape(shape), v.reshape(shape), pos, pos)
+        d = hd // local_heads
+        kv_shape = (b, s, local_kv, d)
+        out = local_attention(
+            q.reshape(b, s, local_heads, d),
+            k.reshape(kv_shape),
+            v.reshape(kv_shape),
+            pos,
+            pos,
+            causal=causal,
+        )
         return out.reshape(b, s, hd)
 
     return sharded(body, layout.mesh, (wide, wide, wide, tokens), wide)(q, k, v, positions)

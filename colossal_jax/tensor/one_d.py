@@ -10,6 +10,14 @@ Communication per device, one column/row pair (M = b·s tokens, N = h):
 forward one all-reduce of ``M·N`` (``2·M·N·(p−1)/p`` elements), backward one more for the column
 linear's input gradient. Memory per device: weights ``N·K/p``; activations: the residual stream
 ``M·N`` unsharded (does *not* fall with p), the wide activations ``M·K/p``.
+
+Collective matmul (``--collective-matmul on``; Wang et al. 2023, ASPLOS): each all-reduce is
+run as a reduce-scatter ring over ``N/p`` column blocks, every step one partial matmul, then an
+all-gather (:func:`~colossal_jax.tensor.collective_matmul.matmul_all_reduce`,
+:func:`~colossal_jax.tensor.collective_matmul.column_matmuls`): the same ``2·M·N·(p−1)/p``
+elements per all-reduce, ``p−1`` permutes of ``M·N/p`` plus one all-gather; the algorithm's
+transient partial product falls from ``M·N`` to ``M·N/p`` (XLA's CPU allocation shows no saving:
+docs/performance.md).
 """
 
 from __future__ import annotations
@@ -18,6 +26,7 @@ import jax
 import jax.numpy as jnp
 from jax.sharding import PartitionSpec as P
 
+from colossal_jax.tensor.collective_matmul import column_matmuls, matmul_all_reduce
 from colossal_jax.tensor.grid import GridLayout
 from colossal_jax.tensor.kernels import varying
 from colossal_jax.tensor.layout import (
@@ -77,3 +86,17 @@ class OneDLayout(GridLayout):
         forward all-reduce of the output (``2·M·N·(p−1)/p``)."""
         y = jnp.einsum("bsn,nk->bsk", x, w)
         return y if kind == "in" else jax.lax.psum(y, self.t)
+
+    def tied_logits(self, x, table):
+        """The table ``[V/p, h]`` split by rows is, transposed, exactly the column linear's
+        weight ``[h, V/p]``: the tied head *is* the column linear (no extra communication; the
+        input gradient's all-reduce over ``t`` as for any column linear)."""
+        return self.linear(x, table.T, None, "in")
+
+    def _collective_products(self, x, ws, kind: LinearKind):
+        """Column (``"in"``): local products whose backward all-reduces the summed input
+        gradient by the ring. Row (``"out"``): the output all-reduce by the ring, each step one
+        partial matmul ``x @ w[:, block]``; its backward moves nothing."""
+        if kind == "in":
+            return column_matmuls(x, ws, self.t)
+        return [matmul_all_reduce(x, w, self.t) for w in ws]

@@ -15,6 +15,7 @@ import jax
 import jax.numpy as jnp
 from jax.sharding import PartitionSpec as P
 
+from colossal_jax.tensor.kernels import split_rms_norm
 from colossal_jax.tensor.layout import (
     LinearKind,
     LocalAttention,
@@ -62,12 +63,38 @@ class ReplicatedLayout(TensorLayout):
         y = (xf - mean) * jax.lax.rsqrt(var + eps)
         return (y * scale + bias).astype(x.dtype)
 
+    def rms_norm(self, x, scale, eps: float):
+        return split_rms_norm(x, scale, eps, hidden_axes=())
+
     def embed(self, tokens, table):
         return jnp.take(table, tokens, axis=0)
 
-    def attention(self, q, k, v, positions, *, heads: int, local_attention: LocalAttention):
+    def tied_logits(self, x, table):
+        return jnp.einsum("bsh,vh->bsv", x, table)
+
+    def attention(
+        self,
+        q,
+        k,
+        v,
+        positions,
+        *,
+        heads: int,
+        local_attention: LocalAttention,
+        causal: bool = True,
+        kv_heads: int | None = None,
+    ):
         return attention_in_shard_map(
-            self, q, k, v, positions, heads=heads, head_split=1, local_attention=local_attention
+            self,
+            q,
+            k,
+            v,
+            positions,
+            heads=heads,
+            head_split=1,
+            local_attention=local_attention,
+            causal=causal,
+            kv_heads=kv_heads,
         )
 
     def cross_entropy(self, logits, targets, weights):

@@ -17,6 +17,18 @@ Communication per device, one linear ``[M, N] @ [N, K]`` forward + backward:
 ``2·(q−1)/q³·(M·N + N·K + M·K)`` elements. Memory per device: weights ``N·K/q³``, activations
 ``M·N/q³``, transient gathered blocks ``M·N/q²`` and ``N·K/q²`` and the partial product
 ``M·K/q²``. Layer norm all-reduces its statistics over ``k``.
+
+Collective matmul (``--collective-matmul on``; Wang et al. 2023, ASPLOS): the input gather and
+the output reduce-scatter run over different axes (``j`` and ``k``) with different block orders,
+so one of them is decomposed — the larger, compared by width (both act on ``M/q`` rows): for
+``K ≥ N`` (QKV, MLP up, LM head) the reduce-scatter, as a ring over the scatter axis whose step
+``s`` computes the partial product of the batch block in flight and adds it to the accumulator
+passed on; otherwise (MLP down) the input gather, as a ring over the gather axis whose step
+computes the product of the batch block it holds. ``W`` is all-gathered over ``i`` as before.
+Same elements per device; the algorithm's transient partial product falls from ``M·K/q²`` to
+two ``M·K/q³`` blocks (reduce-scatter ring), or the gathered input from ``M·N/q²`` to two blocks
+(gather ring; autodiff keeps the ``q`` blocks for the backward pass). The backward pass of
+each ring is its transpose, the other ring in reverse, again one partial matmul per step.
 """
 
 from __future__ import annotations
@@ -26,10 +38,13 @@ import jax.numpy as jnp
 from jax.sharding import PartitionSpec as P
 
 from colossal_jax import rules
+from colossal_jax.tensor.collective_matmul import block, ring_all_gather, ring_reduce_scatter
 from colossal_jax.tensor.grid import GridLayout
+from colossal_jax.tensor.kernels import varying
 from colossal_jax.tensor.layout import (
     ActivationAxes,
     LinearKind,
+    sharded,
     spec_axes,
 )
 
@@ -40,8 +55,14 @@ class ThreeDLayout(GridLayout):
     j = "tensor_col"
     k = "tensor_depth"
 
-    def __init__(self, mesh, activation_axes: ActivationAxes | None = None):
-        super().__init__(mesh, activation_axes or ActivationAxes())
+    def __init__(
+        self,
+        mesh,
+        activation_axes: ActivationAxes | None = None,
+        *,
+        collective_matmul: bool = False,
+    ):
+        super().__init__(mesh, activation_axes, collective_matmul=collective_matmul)
         rules.check_grid(self.mode, *(self.axis_size(a) for a in (self.i, self.j, self.k)))
 
     @property
@@ -90,3 +111,42 @@ class ThreeDLayout(GridLayout):
         y = jnp.einsum("bsn,nk->bsk", x, jax.lax.all_gather(w, self.i, axis=0, tiled=True))
         scatter = self.k if kind == "in" else self.j
         return jax.lax.psum_scatter(y, scatter, scatter_dimension=0, tiled=True)
+
+    def tied_logits(self, x, table):
+        """The table's block ``[V/q (j), h/q (k)]``, replicated over ``i``, is the transposed
+        ``"in"`` weight block *after* its all-gather over ``i``: the tied head is the A → B
+        linear without that gather — all-gather ``x`` over ``j``, multiply, reduce-scatter over
+        ``k`` (``2·(q−1)/q³·(M·N + M·V)`` forward + backward); the table gradient is summed over
+        the token axes (``data``, ``i``, ``seq``) on its block. Memory: the gathered ``x``
+        ``M·N/q²`` and the partial logits ``M·V/q²``; no gathered table."""
+        grad_axes = self.weight_grad_axes_of(self.embedding_spec())
+
+        def body(x, t):
+            xg = jax.lax.all_gather(x, self.j, axis=0, tiled=True)
+            y = jnp.einsum("bsh,vh->bsv", xg, varying(t, grad_axes))
+            return jax.lax.psum_scatter(y, self.k, scatter_dimension=0, tiled=True)
+
+        return sharded(
+            body, self.mesh, (self.residual_spec(), self.embedding_spec()), self.wide_spec()
+        )(x, table)
+
+    def _collective_products(self, x, ws, kind: LinearKind):
+        """The plain algorithm with its larger activation collective on a ring: the
+        reduce-scatter over the contraction's axis (``Σ K ≥ N``), or the input gather over the
+        layout's minor batch axis; one ring serves every ``w`` (fused Q/K/V)."""
+        gather, scatter = (self.j, self.k) if kind == "in" else (self.k, self.j)
+        w_full = [jax.lax.all_gather(w, self.i, axis=0, tiled=True) for w in ws]
+        b = x.shape[0]  # the batch block: the gather's and the scatter's
+        if sum(w.shape[1] for w in w_full) >= x.shape[2]:
+            x_full = jax.lax.all_gather(x, gather, axis=0, tiled=True)
+            return ring_reduce_scatter(
+                lambda m: [block(x_full, m, b, 0) @ w for w in w_full], scatter
+            )
+        steps = ring_all_gather(x, gather, lambda xj, j: (j, [xj @ w for w in w_full]))
+        outs = []
+        for i, w in enumerate(w_full):
+            y = jnp.zeros((self.q * b, *x.shape[1:-1], w.shape[1]), steps[0][1][i].dtype)
+            for j, ys in steps:
+                y = jax.lax.dynamic_update_slice_in_dim(y, ys[i], j * b, axis=0)
+            outs.append(jax.lax.psum_scatter(y, scatter, scatter_dimension=0, tiled=True))
+        return outs

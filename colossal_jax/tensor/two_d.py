@@ -13,6 +13,15 @@ gathered blocks): ``2·(q−1)/q²·(M·N + N·K)`` elements. Memory per device:
 activations ``M·N/q²`` (falls as 1/p), plus the transient gathered blocks ``M·N/q`` and
 ``N·K/q``. Layer norm all-reduces its statistics over ``c`` (``2·M/q`` elements twice).
 
+Collective matmul (``--collective-matmul on``; Wang et al. 2023, ASPLOS): both gathers are along
+the contraction, so ``Y = Σ_j X_j·W_j`` over the ``q`` hidden blocks. The larger of the two
+gathered operands goes round its ring (``X`` over ``c``, or ``W`` over ``r``) and each step adds
+one partial product ``X_j·W_j`` with the matching block of the other, which is all-gathered as
+before. Same elements per device, ``(q−1)`` permutes of the ringed block instead of its
+all-gather; the algorithm's transient gathered block of the ringed operand falls to two blocks
+in flight (autodiff keeps the ``q`` blocks for the backward pass, whose ring — the transpose —
+is the reduce-scatter of that operand's gradient, each step one partial matmul).
+
 2.5D (:mod:`colossal_jax.tensor.two_p5d`) is this layout with ``d`` stacked grids.
 """
 
@@ -25,10 +34,14 @@ import jax.numpy as jnp
 from jax.sharding import PartitionSpec as P
 
 from colossal_jax import rules
+from colossal_jax.tensor.collective_matmul import block, ring_all_gather
 from colossal_jax.tensor.grid import GridLayout
+from colossal_jax.tensor.kernels import grid_transpose, varying
 from colossal_jax.tensor.layout import (
     ActivationAxes,
     LinearKind,
+    in_per_stage_branches,
+    sharded,
     spec_axes,
 )
 
@@ -40,8 +53,14 @@ class TwoDLayout(GridLayout):
     depth: tuple[str, ...] = ()
     """Axes that stack independent grids (2.5D): they split the batch and replicate weights."""
 
-    def __init__(self, mesh, activation_axes: ActivationAxes | None = None):
-        super().__init__(mesh, activation_axes or ActivationAxes())
+    def __init__(
+        self,
+        mesh,
+        activation_axes: ActivationAxes | None = None,
+        *,
+        collective_matmul: bool = False,
+    ):
+        super().__init__(mesh, activation_axes, collective_matmul=collective_matmul)
         depth = math.prod(self.mesh.shape.get(a, 1) for a in self.depth)
         rules.check_grid(self.mode, self.axis_size(self.row), self.axis_size(self.col), depth)
 
@@ -87,3 +106,57 @@ class TwoDLayout(GridLayout):
         """All-gather the weight's row blocks over ``r`` and multiply: the output
         ``[M/q, K/q]`` block is already in the activation layout."""
         return jnp.einsum("bsn,nk->bsk", x, jax.lax.all_gather(w, self.row, axis=0, tiled=True))
+
+    def tied_logits(self, x, table):
+        """The tied LM head on the grid. The table's block on device ``(i, j)`` is
+        ``T[V/q (i), h/q (j)]`` (the lookup's layout), the transpose of what the ``"in"`` linear
+        wants (``W[h/q (i), V/q (j)]``), so:
+
+        - ordinarily, a grid transpose (:func:`~colossal_jax.tensor.kernels.grid_transpose`,
+          device ``(i, j)`` receives ``T[V_j, h_i]`` from ``(j, i)``: ``V·h/q²``) turns it into
+          the linear's weight block, then the SUMMA linear as for any ``"in"`` weight (all-gather
+          ``x`` over ``c`` and the block over ``r``);
+        - inside a pipeline's per-stage branches (where a ``ppermute`` would wait for devices
+          running other branches, :func:`colossal_jax.tensor.layout.in_per_stage_branches`),
+          all-gather the table over ``r`` (``T[V, h_j]``), multiply by the local ``x[b_i, h_j]``
+          and reduce-scatter the partial logits over ``c`` on the vocabulary:
+          ``M·V/q·(q−1)/q`` instead of the ``x`` gather's ``M·N/q·(q−1)/q``.
+
+        The table gradient is summed over the token axes the table is not split over (``data``,
+        2.5D depth, ``seq``) on its block. Memory: the transient gathered table ``V·h/q`` (as an
+        ``"in"`` weight's gather) and the ``x`` gather ``M·h/q`` (per-stage path: the partial
+        logits ``M·V/q`` instead).
+        """
+        grad_axes = self.weight_grad_axes_of(self.embedding_spec())
+        per_stage = in_per_stage_branches()
+
+        def body(x, t):
+            t = varying(t, grad_axes)
+            if per_stage:
+                t = jax.lax.all_gather(t, self.row, axis=0, tiled=True)  # [V, h/q]
+                y = jnp.einsum("bsh,vh->bsv", x, t)
+                return jax.lax.psum_scatter(y, self.col, scatter_dimension=2, tiled=True)
+            t = grid_transpose(t, self.row, self.col)  # [V/q (j), h/q (i)]
+            t = jax.lax.all_gather(t, self.row, axis=1, tiled=True)  # [V/q (j), h]
+            return jnp.einsum("bsh,vh->bsv", self._gather_input(x, "in"), t)
+
+        return sharded(
+            body, self.mesh, (self.residual_spec(), self.embedding_spec()), self.wide_spec()
+        )(x, table)
+
+    def _collective_products(self, x, ws, kind: LinearKind):
+        """``Σ_j X_j·W_j`` with the larger operand on its ring: ``X``'s hidden blocks over
+        ``c`` (one ring shared by every ``w``, the weights all-gathered over ``r``) or the
+        weights' row blocks over ``r`` (one ring carrying every ``w``, ``X`` all-gathered)."""
+        n = x.shape[2]  # the hidden block: N/q
+        if x.size >= sum(w.size for w in ws):
+            w_full = [jax.lax.all_gather(w, self.row, axis=0, tiled=True) for w in ws]
+            steps = ring_all_gather(
+                x, self.col, lambda xj, j: [xj @ block(w, j, n, 0) for w in w_full]
+            )
+        else:
+            x_full = jax.lax.all_gather(x, self.col, axis=2, tiled=True)
+            steps = ring_all_gather(
+                list(ws), self.row, lambda wjs, j: [block(x_full, j, n, 2) @ wj for wj in wjs]
+            )
+        return [sum(ys) for ys in zip(*steps, strict=True)]

@@ -22,7 +22,13 @@ class TwoP5DLayout(TwoDLayout):
     mode = "2.5d"
     depth = ("tensor_depth",)
 
-    def __init__(self, mesh, activation_axes: ActivationAxes | None = None):
-        super().__init__(mesh, activation_axes or ActivationAxes())
+    def __init__(
+        self,
+        mesh,
+        activation_axes: ActivationAxes | None = None,
+        *,
+        collective_matmul: bool = False,
+    ):
+        super().__init__(mesh, activation_axes, collective_matmul=collective_matmul)
         if "tensor_depth" not in mesh.shape:
             raise ValueError("2.5d needs a 'tensor_depth' mesh axis")

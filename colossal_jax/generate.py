@@ -1,0 +1,365 @@
+"""Sampling text from a causal language model checkpoint, on any mesh.
+
+The run is rebuilt from the checkpoint's metadata (its architecture) on the mesh asked for, with
+the training machinery (:func:`colossal_jax.train.build`: mesh, tensor layout, sequence mode,
+parameter shardings); only the parameters are restored (:func:`checkpoint.restore_params`),
+straight into those shardings. Each new token is one jitted forward of the model as it trains
+(every layer routed to the layout), followed by temperature / top-k sampling.
+
+Decoding recomputes the whole window: the sequence is a fixed ``S = min(trained length,
+round_up(prompt + new tokens))`` padded tokens (one compile; the trained length is the
+checkpoint's ``seq_len``, at most ``block_size``: later positions were never trained), and every
+new token runs the model
+over all ``S`` positions, reading the logits at the last real one (causal attention makes the
+padding invisible). That costs about ``2·N·S`` FLOPs per token (``N`` parameters) plus
+attention over ``S²``, where a KV cache would cost ``2·N`` plus ``S``: fine for the small models
+trained here, wasteful for long outputs of big ones (no KV cache yet). Past ``S`` the window
+slides: the oldest tokens are dropped and positions restart at its start.
+
+The byte tokenizer of the text corpora (:mod:`colossal_jax.data`) encodes the prompt and
+decodes the output; ids beyond 255 (a model of a bigger vocabulary) print as ``<|id|>``.
+Sampling is deterministic for a seed on a given mesh: step ``i`` draws with
+``fold_in(key(seed), i)``; batch rows are padded up to the mesh's batch shards and dropped.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import sys
+import types
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from colossal_jax.config import ConfigError, OptimConfig, ParallelConfig, TrainConfig
+
+
+@dataclass(frozen=True)
+class Sampling:
+    """How to sample.
+
+    Attributes:
+      max_new_tokens: tokens to add to the prompt.
+      temperature: logits are divided by it; 0 takes the most likely token (greedy).
+      top_k: sample among the ``k`` most likely tokens only (None: all).
+      seed: seeds the draws (the same seed, mesh and prompt give the same text).
+      num_samples: independent samples of the prompt (batch rows).
+    """
+
+    max_new_tokens: int = 200
+    temperature: float = 0.8
+    top_k: int | None = None
+    seed: int = 0
+    num_samples: int = 1
+
+
+def saved_config(meta: dict) -> TrainConfig:
+    """The :class:`TrainConfig` a checkpoint's metadata records (fields this version lacks are
+    dropped, missing ones take their defaults)."""
+
+    def known(cls, values: dict) -> dict:
+        names = {f.name for f in dataclasses.fields(cls)}
+        return {k: v for k, v in values.items() if k in names}
+
+    saved = dict(meta["config"])
+    optim = OptimConfig(**known(OptimConfig, saved.pop("optim", {})))
+    parallel = ParallelConfig(**known(ParallelConfig, saved.pop("parallel", {})))
+    return TrainConfig(**known(TrainConfig, saved), optim=optim, parallel=parallel)
+
+
+def window(prompt_len: int, new: int, block_size: int, multiple: int) -> int:
+    """``S``: prompt plus new tokens rounded up to ``multiple`` (what the sequence split
+    needs), at most ``block_size`` (rounded down to ``multiple``)."""
+    cap = block_size // multiple * multiple
+    return min(cap, math.ceil((prompt_len + new) / multiple) * multiple)
+
+
+class Sampler:
+    """A checkpoint's parameters in a mesh, and the compiled next-token step.
+
+    ``Sampler(checkpoint_dir, parallel, devices=n)`` restores the latest checkpoint (or
+    ``step``) into ``parallel``'s mesh (default: one device; ``devices`` defaults to the mesh's
+    size, the first devices); :meth:`sample` generates from a prompt."""
+
+    def __init__(
+        self,
+        checkpoint_dir: str,
+        parallel: ParallelConfig | None = None,
+        *,
+        devices: int | None = None,
+        step: int | None = None,
+    ):
+        from colossal_jax.preflight import latest_checkpoint_meta
+
+        found = latest_checkpoint_meta(checkpoint_dir)
+        if found is None:
+            raise ConfigError(
+                f"--checkpoint-dir {checkpoint_dir} holds no checkpoint; train one with "
+                f"python scripts/train.py --checkpoint-dir {checkpoint_dir}"
+            )
+        self.meta = found[1]
+        arch = self.meta.get("architecture")
+        if not isinstance(arch, dict):
+            raise ConfigError(
+                f"the checkpoint in {checkpoint_dir} records no architecture (written by an "
+                "older version); resume and save it with this version"
+            )
+        base = saved_config(self.meta)
+        self.parallel = parallel if parallel is not None else ParallelConfig()
+        self.base = dataclasses.replace(
+            base,
+            model_overrides=dict(arch),  # the checkpoint's resolved model, whatever the data
+            data="synthetic",
+            init_from_hf=None,
+            parallel=self.parallel,
+            devices=devices if devices is not None else self.parallel.size,
+            checkpoint_dir=None,
+            metrics_file=None,
+            tensorboard_dir=None,
+            eval_every=0,
+            grad_accum=1,
+            device_batch=None,
+            remat="none",
+            offload="none",
+            precision="fp32",
+            steps=1,
+        )
+        self.checkpoint_dir = checkpoint_dir
+        self.step = step
+        self._runs: dict[tuple[int, int], Any] = {}
+        self._steps: dict[tuple, Callable] = {}
+        self._params: Any = None
+
+    @property
+    def max_window(self) -> int:
+        """The longest window: the sequence length the checkpoint trained on (positions beyond
+        it were never trained), at most the model's ``block_size``."""
+        block = int(self.meta["architecture"]["block_size"])
+        return min(block, int(self.meta["config"].get("seq_len", block)))
+
+    @property
+    def vocab_size(self) -> int:
+        return int(self.meta["architecture"]["vocab_size"])
+
+    def _build(self, rows: int, seq_len: int, sampling: Sampling):
+        """The run (mesh, shardings) for ``rows × seq_len`` windows, the restored parameters
+        and the jitted step of ``sampling``; each built once."""
+        import jax
+
+        from colossal_jax.checkpoint import abstract_like, restore_params
+        from colossal_jax.train import build
+
+        shape = (rows, seq_len)
+        if shape not in self._runs:
+            run = build(dataclasses.replace(self.base, batch_size=rows, seq_len=seq_len))
+            if self._params is None:  # the window shape changes no sharding: restore once
+                target = abstract_like(run.abstract_params, run.param_shardings)
+                self._params, _ = restore_params(self.checkpoint_dir, target, self.step)
+            self._runs[shape] = run
+        run = self._runs[shape]
+        key = (shape, sampling.temperature, sampling.top_k)
+        if key not in self._steps:
+            self._steps[key] = jax.jit(next_token_fn(run, sampling.temperature, sampling.top_k))
+        return run, self._params, self._steps[key]
+
+    def sample(self, prompt: str | bytes, sampling: Sampling = Sampling()) -> list[str]:
+        """``num_samples`` texts: the prompt followed by up to ``max_new_tokens`` tokens."""
+        return [decode_ids(ids) for ids in self.sample_ids(prompt, sampling)]
+
+    def sample_ids(self, prompt: str | bytes, sampling: Sampling = Sampling()) -> list[list[int]]:
+        """The token ids of :meth:`sample` (prompt included)."""
+        import jax
+        import numpy as np
+
+        from colossal_jax import rules
+        from colossal_jax.data import encode
+
+        ids = [int(t) for t in encode(prompt)]
+        rules.check_sampling(
+            prompt_tokens=len(ids),
+            max_new_tokens=sampling.max_new_tokens,
+            temperature=sampling.temperature,
+            top_k=sampling.top_k,
+            num_samples=sampling.num_samples,
+            vocab_size=self.vocab_size,
+            prompt_vocab=max(ids) + 1 if ids else 0,
+        )
+        par = self.parallel
+        # rows: a multiple of the batch shards (and of a pipeline's microbatches, which the
+        # rules ask of any batch, though the forward here does not run the schedule)
+        shards = rules.batch_shards(par) * par.num_microbatches
+        rows = math.ceil(sampling.num_samples / shards) * shards
+        # the checkpoint's recorded architecture decides, as the training run's model does
+        zigzag = rules.uses_zigzag(par, types.SimpleNamespace(**self.meta["architecture"]))
+        multiple = 2 * par.seq if zigzag else par.seq
+        s = window(len(ids), sampling.max_new_tokens, self.max_window, multiple)
+        run, params, step = self._build(rows, s, sampling)
+        order = np.arange(s)
+        if zigzag:
+            from colossal_jax.sequence.zigzag import zigzag_permutation
+
+            order = zigzag_permutation(s, par.seq)
+        column_of = np.argsort(order)  # where position t sits in the laid-out sequence
+        positions = np.broadcast_to(np.arange(s, dtype=np.int32)[order], (rows, s))
+        positions = jax.device_put(np.ascontiguousarray(positions), run.batch_sharding)
+        out = [list(ids) for _ in range(rows)]
+        context = np.zeros((rows, s), np.int32)
+        n = min(len(ids), s)
+        context[:, :n] = ids[len(ids) - n :]
+        key = jax.random.key(sampling.seed)
+        for i in range(sampling.max_new_tokens):
+            tokens = jax.device_put(np.ascontiguousarray(context[:, order]), run.batch_sharding)
+            nxt = np.asarray(
+                step(params, tokens, positions, int(column_of[n - 1]), jax.random.fold_in(key, i))
+            )
+            for r in range(rows):
+                out[r].append(int(nxt[r]))
+            if n < s:
+                context[:, n] = nxt
+                n += 1
+            else:  # the window is full: slide it by one token
+                context = np.concatenate([context[:, 1:], nxt[:, None].astype(np.int32)], 1)
+        return out[: sampling.num_samples]
+
+
+def forward(run: Any) -> Callable:
+    """``(params, tokens [b, S], positions [b, S]) -> logits [b, S, vocab]``: the model's
+    forward in ``run``'s layout and sequence mode (not jitted)."""
+    from flax import nnx
+
+    from colossal_jax.layers import use_parallelism
+
+    def logits(params, tokens, positions):
+        with use_parallelism(run.layout, run.local_attention):
+            return nnx.merge(run.graphdef, params)(tokens, positions)
+
+    return logits
+
+
+def next_token_fn(run: Any, temperature: float, top_k: int | None) -> Callable:
+    """``(params, tokens [b, S], positions [b, S], column, key) -> next ids [b]``: the logits
+    of :func:`forward` at ``column``, then temperature / top-k sampling."""
+    import jax
+    import jax.numpy as jnp
+
+    model = forward(run)
+
+    def step(params, tokens, positions, column, key):
+        logits = model(params, tokens, positions)
+        last = jax.lax.dynamic_index_in_dim(logits, column, axis=1, keepdims=False)
+        last = last.astype(jnp.float32)
+        if temperature == 0:
+            return jnp.argmax(last, axis=-1).astype(jnp.int32)
+        last = last / temperature
+        if top_k is not None and top_k < last.shape[-1]:
+            kth = jax.lax.top_k(last, top_k)[0][:, -1:]
+            last = jnp.where(last < kth, -jnp.inf, last)
+        return jax.random.categorical(key, last, axis=-1).astype(jnp.int32)
+
+    return step
+
+
+def decode_ids(ids: list[int]) -> str:
+    """Bytes to text (invalid UTF-8 replaced); an id beyond a byte prints as ``<|id|>``."""
+    out, run = [], bytearray()
+    for t in ids:
+        if t < 256:
+            run.append(t)
+            continue
+        out.append(run.decode("utf-8", errors="replace"))
+        out.append(f"<|{t}|>")
+        run = bytearray()
+    out.append(run.decode("utf-8", errors="replace"))
+    return "".join(out)
+
+
+# ---- command line -------------------------------------------------------------------------------
+
+
+def build_parser():
+    import argparse
+
+    from colossal_jax.cli import _float, _int
+
+    s = Sampling()
+    p = argparse.ArgumentParser(
+        prog="generate.py",
+        description="Sample text from a causal LM checkpoint (GPT) on any mesh.",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        allow_abbrev=False,
+    )
+    a = p.add_argument
+    a("--checkpoint-dir", required=True, help="the --checkpoint-dir of a training run")
+    a("--prompt", required=True, help="text the samples continue (byte tokens)")
+    a("--max-new-tokens", type=_int, default=s.max_new_tokens, help="tokens to generate")
+    a("--temperature", type=_float, default=s.temperature, help="0: greedy")
+    a("--top-k", type=_int, default=None, help="sample among the k most likely tokens")
+    a("--seed", type=_int, default=s.seed, help="seeds the draws")
+    a("--num-samples", type=_int, default=s.num_samples, help="samples of the prompt")
+    a("--step", type=_int, default=None, help="checkpoint step (default: the latest)")
+    a("--mesh", default=None, help="as train.py's --mesh (default: data=all devices)")
+    a("--devices", type=_int, default=None, help="devices; on a CPU, simulate this many (1)")
+    a("--tensor-mode", default=None, help="none, 1d, 2d, 2.5d, 3d")
+    a("--tensor-depth", type=_int, default=None, help="depth of 2.5d with --mesh tensor=N")
+    a("--seq-mode", default=None, help="none, ring, ulysses, ring-self-attention")
+    return p
+
+
+def parallel_from_args(args, n_devices: int) -> ParallelConfig:
+    """The mesh of ``--mesh/--tensor-mode/--tensor-depth/--seq-mode`` (as ``train.py`` reads
+    them), checked against ``n_devices``."""
+    from colossal_jax import rules
+    from colossal_jax.config import parse_mesh
+
+    mesh = parse_mesh(
+        args.mesh, n_devices, tensor_mode=args.tensor_mode or "none", tensor_depth=args.tensor_depth
+    )
+    modes = {k: mesh.pop(k) for k in ("tensor_mode", "seq_mode", "zero") if k in mesh}
+    modes.pop("zero", None)  # inference keeps whole parameters over data
+    if args.tensor_mode is not None:
+        modes["tensor_mode"] = args.tensor_mode
+    if args.seq_mode is not None:
+        modes["seq_mode"] = args.seq_mode
+    if "seq_mode" not in modes and mesh.get("seq", 1) > 1:
+        modes["seq_mode"] = "ring"
+    pipe = mesh.get("pipe", 1)
+    par = ParallelConfig(**mesh, **modes, microbatches=pipe if pipe > 1 else None)
+    rules.check_parallel(par, n_devices)
+    rules.check_axes_for_modes(par)
+    return par
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``scripts/generate.py``: print each sample; exit 0, or 2 with one ``error:`` line."""
+    import os
+
+    try:
+        args = build_parser().parse_args(argv)
+        n = args.devices if args.devices is not None else 1
+        flags = os.environ.get("XLA_FLAGS", "")
+        if "xla_force_host_platform_device_count" not in flags:
+            os.environ["XLA_FLAGS"] = f"{flags} --xla_force_host_platform_device_count={n}".strip()
+        import jax
+
+        available = jax.device_count()
+        if args.devices is not None and args.devices > available:
+            raise ConfigError(f"--devices {args.devices} but only {available} are available")
+        n = args.devices if args.devices is not None else available
+        par = parallel_from_args(args, n)
+        sampler = Sampler(args.checkpoint_dir, par, devices=n, step=args.step)
+        sampling = Sampling(
+            max_new_tokens=args.max_new_tokens,
+            temperature=args.temperature,
+            top_k=args.top_k,
+            seed=args.seed,
+            num_samples=args.num_samples,
+        )
+        for i, text in enumerate(sampler.sample(args.prompt, sampling)):
+            if sampling.num_samples > 1:
+                print(f"--- sample {i}")
+            print(text)
+        return 0
+    except ConfigError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2

@@ -1,0 +1,105 @@
+"""The data task of each model family (:data:`models.registry.TASKS`): how the data sizes the
+model and which batches a run reads.
+
+- ``causal_lm``: next-token prediction on a token corpus (:class:`colossal_jax.data.Batches`);
+  the model's vocabulary is the corpus's.
+- ``masked_lm``: BERT's masked tokens on a token corpus
+  (:class:`colossal_jax.masked_lm.MaskedBatches`); the vocabulary is the corpus's plus four
+  special tokens, padded to a multiple of 64.
+- ``image_classification``: images as patch tokens (:class:`colossal_jax.images.ImageBatches`);
+  the data fits the model (the rules check it), not the other way round.
+
+Every task's batches are dicts of ``tokens, targets, positions, weights`` (``[b, s]``; image
+``tokens`` carry a trailing feature dimension), a pure function of ``(seed, step)``, held-out data
+kept apart. Nothing here imports JAX.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Protocol
+
+import numpy as np
+
+from colossal_jax.config import TrainConfig
+from colossal_jax.data import BYTE_VOCAB, Batches, Corpus, load_corpus, split_corpus, vocab_of
+
+
+class TaskBatches(Protocol):
+    """What a run needs of any task's batches."""
+
+    batch_size: int
+
+    @property
+    def name(self) -> str: ...
+
+    def batch(self, step: int) -> dict[str, np.ndarray]: ...
+
+    def evaluation_batches(self, requested: int) -> int: ...
+
+    def epochs(self, steps: int) -> str | None: ...
+
+
+def model_vocab(task: str, data_vocab: int | None) -> int | None:
+    """The vocabulary a corpus of ``data_vocab`` token ids gives the model (None: the data does
+    not size it)."""
+    if data_vocab is None or task == "image_classification":
+        return None
+    if task == "masked_lm":
+        from colossal_jax.masked_lm import vocab_size_for
+
+        return vocab_size_for(data_vocab)
+    return data_vocab
+
+
+def data_vocab(task: str, spec: str) -> int | None:
+    """The token ids of ``--data spec`` for ``task`` (None for images and synthetic tokens)."""
+    return None if task == "image_classification" else vocab_of(spec)
+
+
+def sized_for_default_data(task: str, model: Any) -> Any:
+    """``model`` sized as a run with the default data (``--data stdlib``, 256 byte tokens) sizes
+    it; image models as they are."""
+    vocab = model_vocab(task, BYTE_VOCAB)
+    return model if vocab is None else dataclasses.replace(model, vocab_size=vocab)
+
+
+def load_text(task: str, spec: str) -> Corpus | None:
+    """The token corpus of a text task (None for images, whose data fits the model)."""
+    return None if task == "image_classification" else load_corpus(spec)
+
+
+def make_batches(
+    cfg: TrainConfig,
+    task: str,
+    model: Any,
+    corpus: Corpus | None,
+    order: np.ndarray | None = None,
+) -> tuple[TaskBatches, TaskBatches | None, str | None]:
+    """``(training batches, held-out batches or None, a note or None)`` of ``task``.
+
+    ``corpus`` is :func:`load_text`'s; ``order`` a permutation of the sequence (ring
+    attention's zigzag) applied to every array of every batch."""
+    b, s, seed = cfg.batch_size, cfg.seq_len, cfg.seed
+    if task == "image_classification":
+        from colossal_jax.images import ImageBatches, load_images, split
+
+        source, note = load_images(cfg.data, model.image_size, model.channels, model.num_classes)
+        train_idx, held_idx = split(source)
+        p = model.patch_size
+        train = ImageBatches(source, train_idx, b, seed, p, layout_order=order)
+        held = ImageBatches(source, held_idx, b, seed, p, ordered=True, layout_order=order)
+        return train, held, note
+    assert corpus is not None
+    train_corpus, held_out = split_corpus(corpus, s)
+    if task == "masked_lm":
+        from colossal_jax.masked_lm import MaskedBatches
+
+        def make(c: Corpus) -> TaskBatches:
+            return MaskedBatches(c, b, s, seed, model.vocab_size, order)
+    else:
+
+        def make(c: Corpus) -> TaskBatches:
+            return Batches(c, b, s, seed, model.vocab_size, order)
+
+    return make(train_corpus), (make(held_out) if held_out is not None else None), None
