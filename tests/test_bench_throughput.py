@@ -30,7 +30,8 @@ def test_plain_jax_loss_matches_library_1d():
     cfg = dataclasses.replace(cfg, model_overrides=SMALL)
     run = T.build(cfg)
     params, _ = T.init_state(run)
-    library_loss = float(T.make_eval_step(run)(params, T.global_batch(run, 0)))
+    batch = {k: v for k, v in T.global_batch(run, 0).items() if k != "stop"}
+    library_loss = float(T.make_eval_step(run)(params, batch)["loss"])
 
     plain = pj.build(run.model, run.tx, pj.make_mesh("1d", 1, 8, 1), "1d")
     plain_params, _ = plain.place(pj.from_library(params))
