@@ -18,9 +18,11 @@ Measurements (every figure of one record comes from one invocation):
   aliased + temporaries), on a GPU ``device.memory_stats()['peak_bytes_in_use']``.
 - **compile time**: lowering and compiling each side's step (PyTorch: its first step).
 - **the loop**: ``colossal_jax.train.train`` runs ``--steps`` steps (no evaluation, no
-  checkpoints) and ``outside_step_fraction = 1 − step / (loop time per step)`` with ``step`` the
-  library's median step time above; the old synchronous loop (``benchmarks/sync_loop.py``) runs as
-  many steps before and after it, and both loops' tokens/s are recorded.
+  checkpoints) and ``outside_step_fraction = 1 − step / (loop time per step)``, the loop's time
+  being ``Summary.loop_s`` and ``step`` the compiled step dispatched ``--steps`` times back to
+  back (one wait at the end), measured before and after; the old synchronous loop
+  (``benchmarks/sync_loop.py``) runs as many steps before and after ``train()``, and both loops'
+  tokens/s are recorded (``sync_outside_step_fraction`` likewise).
 - **agreement**: the baseline starts from the library's parameters and gets the same batches,
   so its per-step losses follow the library's; ``max_loss_diff`` records the largest difference
   (plain JAX: the same optax optimizer, so a gradient error shows here).
@@ -220,15 +222,31 @@ def time_interleaved(lib, base, steps: int, warmup: int) -> dict[str, Any]:
     }
 
 
+def back_to_back(lib: _LibrarySide, steps: int, start: int) -> float:
+    """Seconds per step of ``steps`` compiled steps dispatched back to back (batches placed
+    beforehand, one wait at the end): the step's own time, with no host work between steps."""
+    batches = [lib.batch(start + i) for i in range(steps)]
+    _block(batches)
+    t0 = time.perf_counter()
+    for batch in batches:
+        lib.params, lib.opt_state, out = lib.compiled(lib.params, lib.opt_state, batch)
+    _block((lib.params, lib.opt_state, out))
+    return (time.perf_counter() - t0) / steps
+
+
 def measure_loops(lib: _LibrarySide, cfg: TrainConfig, start: int) -> dict[str, Any]:
-    """The ``train()`` loop and the old synchronous loop over ``cfg.steps`` steps each (the
-    synchronous one before and after ``train()``, the two averaged)."""
+    """``train()``'s loop (``Summary.loop_s``: the loop's wall time without evaluation and
+    checkpoint waits) over ``cfg.steps`` steps, the old synchronous loop over as many steps
+    before and after it, and the back-to-back compiled step before and after that (each pair
+    averaged)."""
     from benchmarks.sync_loop import sync_loop
     from colossal_jax.train import train
 
     peak = cfg.peak_tflops * 1e12 if cfg.peak_tflops else None
-    sync_s = []
-    for _ in range(2):
+    b2b, sync_s = [], []
+
+    def old_loop() -> None:
+        nonlocal start
         out = sync_loop(
             lib.run,
             lib.compiled,
@@ -241,28 +259,26 @@ def measure_loops(lib: _LibrarySide, cfg: TrainConfig, start: int) -> dict[str, 
         lib.params, lib.opt_state = out.params, out.opt_state
         start += cfg.steps
         sync_s.append(out.loop_s / out.steps)
+
+    b2b.append(back_to_back(lib, cfg.steps, start))
+    start += cfg.steps
+    old_loop()
     summary = train(cfg, progress=False, log=lambda _: None)
-    loop_s = getattr(summary, "loop_s", None)
-    if loop_s is not None:
-        source = "Summary.loop_s"
-    else:
-        loop_s = summary.wall_s - summary.compile_s
-        source = (
-            "Summary.wall_s - compile_s (Summary.loop_s is not on main yet): an upper bound on "
-            "the loop, which also counts build, init_state and the first batch"
-        )
+    old_loop()
+    b2b.append(back_to_back(lib, cfg.steps, start))
     tokens = cfg.batch_size * cfg.seq_len
-    per_step = loop_s / summary.steps_run
+    per_step = summary.loop_s / summary.steps_run
     sync_per_step = statistics.mean(sync_s)
     return {
         "steps": summary.steps_run,
-        "loop_s": loop_s,
-        "loop_s_source": source,
+        "loop_s": summary.loop_s,
+        "loop_s_source": "Summary.loop_s",
         "loop_step_s": per_step,
         "loop_tokens_per_s": tokens / per_step,
         "train_compile_s": summary.compile_s,
         "sync_loop_step_s": sync_per_step,
         "sync_loop_tokens_per_s": tokens / sync_per_step,
+        "back_to_back_step_s": statistics.mean(b2b),
     }
 
 
@@ -334,7 +350,7 @@ def benchmark(cfg: TrainConfig, baseline: str, timed: int, warmup: int) -> dict[
             "max_loss_diff": max(diffs),
         }
     if loops is not None:
-        step = lib_stats["median"]
+        step = loops["back_to_back_step_s"]
         record["loop"] = loops
         record["outside_step_fraction"] = 1.0 - step / loops["loop_step_s"]
         record["sync_outside_step_fraction"] = 1.0 - step / loops["sync_loop_step_s"]
