@@ -168,6 +168,9 @@ class _TorchSide:
     its compile time, then it starts again from the library's parameters."""
 
     def __init__(self, lib: _LibrarySide):
+        # OpenMP threads that spin after each PyTorch step fight XLA's CPU threads for the same
+        # cores (steps of 0.1 s took 1.4 s on the 2-core machine); passive waiting ends that
+        os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
         from benchmarks.torch_gpt import TorchRun
 
         cfg = lib.run.cfg

@@ -121,7 +121,7 @@ def load_library_params(model: GPT, state: Any) -> None:
 
     def tensor(a, transpose: bool) -> torch.Tensor:
         a = np.asarray(a, np.float32)
-        return torch.from_numpy(np.ascontiguousarray(a.T if transpose else a))
+        return torch.from_numpy(np.array(a.T if transpose else a, np.float32, copy=True))
 
     with torch.no_grad():
         model.wte.weight.copy_(tensor(plain["wte"], False))
