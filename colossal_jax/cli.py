@@ -66,6 +66,9 @@ EXAMPLES = {  # a valid value for each flag whose default does not show one
     "--num-processes": "2",
     "--process-id": "0",
     "--peer-timeout": "120",
+    "--xla-preset": "gpu-perf",
+    "--profile-dir": "/tmp/profile",
+    "--profile-steps": "3:5",
     "--collective-matmul": "on",
     "--init-from-hf": "/path/to/gpt2_save_pretrained_dir",
     "--steps": "200",
@@ -309,6 +312,19 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help="peak dense bf16 TFLOP/s per device, for MFU on a device the built-in table lacks",
     )
+    a(
+        "--xla-preset",
+        default=None,
+        help="apply a named set of XLA flags before JAX starts (printed when applied): "
+        "gpu-perf (latency-hiding scheduler, pipelined and combined collectives; "
+        "colossal_jax/xla_presets.py)",
+    )
+    a("--profile-dir", default=None, help="write a jax.profiler trace of --profile-steps here")
+    a(
+        "--profile-steps",
+        default=None,
+        help="the steps A:B (1-based, inclusive) traced into --profile-dir; default 3:5",
+    )
     a("--metrics-file", default=None, help="JSON lines, one record per step")
     a("--tensorboard-dir", default=None, help="write TensorBoard event files here")
     a(
@@ -383,6 +399,16 @@ def _setup_devices(args) -> bool:
         return False
     os.environ["XLA_FLAGS"] = f"{flags} --xla_force_host_platform_device_count={n}".strip()
     return True
+
+
+def apply_xla_preset(name: str | None) -> None:
+    """``--xla-preset``: its flags into ``XLA_FLAGS`` before JAX starts, printed (stderr)."""
+    if name is None:
+        return
+    from colossal_jax import xla_presets
+
+    rules.check_xla_preset(name)
+    print(f"note: {xla_presets.apply(name)}", file=sys.stderr)
 
 
 def devices_before_jax(args, devices_set: bool) -> int | None:
@@ -619,6 +645,9 @@ def config_from_args(args, n_devices: int) -> TrainConfig:
         tensorboard_dir=args.tensorboard_dir,
         eval_every=value("eval_every"),
         peak_tflops=args.peak_tflops,
+        xla_preset=args.xla_preset,
+        profile_dir=args.profile_dir,
+        profile_steps=args.profile_steps or ("3:5" if args.profile_dir else None),
         init_from_hf=args.init_from_hf,
         optim=optim,
         parallel=parallel,
@@ -735,6 +764,7 @@ def main(argv: list[str] | None = None) -> int:
             os.environ, coordinator=args.coordinator, opt_out=args.no_cluster_detect
         )
         devices_set = _setup_devices(args)
+        apply_xla_preset(args.xla_preset)
         # in a cluster the process count comes from JAX: the checks run once it is known
         if cluster is None and (known := devices_before_jax(args, devices_set)) is not None:
             check_before_jax(args, known)

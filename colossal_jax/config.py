@@ -27,7 +27,7 @@ TENSOR_MODES = ("none", "1d", "2d", "2.5d", "3d")
 ATTENTION_IMPLS = ("auto", "xla", "cudnn")
 SEQ_MODES = ("none", "ring", "ulysses", "ring-self-attention")
 PRECISIONS = ("fp32", "bf16", "fp16")
-REMATS = ("none", "full", "selective", "offload")
+REMATS = ("none", "dots", "full", "selective", "offload")
 OFFLOADS = ("none", "optimizer", "params")
 PIPELINES = ("none", "gpipe", "1f1b", "interleaved")
 OPTIMIZERS = ("adamw", "lamb", "lars", "sgd")
@@ -347,8 +347,9 @@ class TrainConfig:
       seq_len: tokens per sequence.
       precision: fp32 | bf16 | fp16 (bf16/fp16 compute, fp32 master weights and optimizer
         state; fp16 with dynamic loss scaling).
-      remat: activation checkpointing of each stack layer: none | full | selective | offload
-        (:mod:`colossal_jax.remat`).
+      remat: activation checkpointing of each stack layer: none | dots | full | selective |
+        offload (:mod:`colossal_jax.remat`; ``dots``, the default, recomputes element-wise ops
+        only).
       grad_accum: microbatches accumulated per optimizer step (the batch is split into this
         many; the update equals the one of the whole batch).
       device_batch: sequences per batch shard per microbatch; with it the accumulation count is
@@ -372,6 +373,10 @@ class TrainConfig:
       eval_batches: held-out batches (of ``batch_size`` sequences) each evaluation averages.
       peak_tflops: peak dense bf16 TFLOP/s per device for MFU where the built-in table lacks the
         device (``None``: the table's figure, or MFU not reported).
+      xla_preset: a named set of XLA flags (:mod:`colossal_jax.xla_presets`, e.g. ``gpu-perf``)
+        applied before JAX starts; ``None``: XLA's defaults.
+      profile_dir, profile_steps: write a ``jax.profiler`` trace of steps ``"A:B"`` (1-based,
+        inclusive) to ``profile_dir`` (:mod:`colossal_jax.profiling`).
       init_from_hf: a Hugging Face ``save_pretrained`` directory whose weights initialise the
         parameters (placed straight into their shardings; :mod:`colossal_jax.hf`). Its
         ``config.json`` sets the architecture (``model_overrides`` may not contradict it) and
@@ -384,7 +389,7 @@ class TrainConfig:
     batch_size: int = 16
     seq_len: int = 128
     precision: str = "fp32"
-    remat: str = "none"
+    remat: str = "dots"
     grad_accum: int = 1
     device_batch: int | None = None
     offload: str = "none"
@@ -401,6 +406,9 @@ class TrainConfig:
     eval_every: int = 50
     eval_batches: int = 4
     peak_tflops: float | None = None
+    xla_preset: str | None = None
+    profile_dir: str | None = None
+    profile_steps: str | None = None
     init_from_hf: str | None = None
     optim: OptimConfig = field(default_factory=OptimConfig)
     parallel: ParallelConfig = field(default_factory=ParallelConfig)
@@ -429,7 +437,7 @@ class TrainConfig:
         from colossal_jax import preflight, rules
 
         rules.check_config(self)
-        for name in ("checkpoint_dir", "metrics_file"):
+        for name in ("checkpoint_dir", "metrics_file", "profile_dir"):
             preflight.check_field(name, getattr(self, name))
 
 

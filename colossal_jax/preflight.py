@@ -366,6 +366,7 @@ CHECKS = {
     "metrics_file": lambda v: check_writable_file("--metrics-file", v, f"{TMP}/metrics.jsonl"),
     "tensorboard_dir": check_tensorboard_dir,
     "checkpoint_dir": lambda v: check_writable_dir("--checkpoint-dir", v, f"{TMP}/ckpt"),
+    "profile_dir": lambda v: check_writable_dir("--profile-dir", v, f"{TMP}/profile"),
     "data": check_data,
 }
 """TrainConfig fields (= flag names) checked here."""

@@ -6,6 +6,15 @@ Sublinear Memory Cost", arXiv 1604.06174; the selective policy is Korthikanti et
 "Reducing Activation Recomputation in Large Transformer Models", arXiv 2205.05198):
 
 - ``none``: no checkpoint; the backward pass keeps every intermediate of every layer.
+- ``dots`` (the default): keep the output of every matmul (the projections and the attention
+  scores and outputs) and recompute the element-wise ops between them (layer norm, GeLU,
+  softmax, the mask) from those in the backward pass. No matmul runs twice; what it saves over
+  ``none`` is the element-wise intermediates, which in the scanned stack are otherwise written
+  to per-layer buffers and read back (``none`` keeps 7.9 MB per layer per device at gpt2-tiny's
+  width, batch 2 × 128 tokens per device, ``dots`` 2.4 MB; an unrolled program gets the same
+  effect from XLA's fusion, which recomputes element-wise producers inside their consumers).
+  The step is ~30% faster than ``none`` at 8 layers on 8 simulated CPU devices
+  (docs/performance.md).
 - ``full``: keep only each layer's input (the scan carry); the backward pass recomputes the
   layer: one extra forward per step (≈ +33% FLOPs), activation memory ``L·b·s·h`` plus one
   layer's intermediates.
@@ -25,7 +34,7 @@ from dataclasses import dataclass
 
 import jax
 
-REMAT_MODES = ("none", "full", "selective", "offload")
+REMAT_MODES = ("none", "dots", "full", "selective", "offload")
 LAYER_INPUT = "layer_input"
 """``checkpoint_name`` of each layer's input inside the scan body."""
 
@@ -35,12 +44,12 @@ class RematPolicy:
     """What one layer of the stack keeps for its backward pass.
 
     Attributes:
-      mode: ``none | full | selective | offload`` (see the module docstring).
+      mode: ``none | dots | full | selective | offload`` (see the module docstring).
       saved_names: ``checkpoint_name``-d values ``selective`` keeps besides matmul outputs.
       offloaded_names: values ``offload`` moves to host memory.
     """
 
-    mode: str = "none"
+    mode: str = "dots"
     saved_names: tuple[str, ...] = ()
     offloaded_names: tuple[str, ...] = (LAYER_INPUT,)
 
@@ -49,6 +58,8 @@ class RematPolicy:
         cp = jax.checkpoint_policies
         if self.mode == "none":
             return None
+        if self.mode == "dots":
+            return cp.dots_saveable
         if self.mode == "full":
             return cp.nothing_saveable
         if self.mode == "selective":

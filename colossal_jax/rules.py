@@ -292,6 +292,9 @@ def check_train(cfg: TrainConfig) -> None:
             "(e.g. --checkpoint-every 50)"
         )
     check_keep_checkpoints(cfg.keep_checkpoints)
+    if cfg.xla_preset is not None:
+        check_xla_preset(cfg.xla_preset)
+    check_profile(cfg.profile_dir, cfg.profile_steps, cfg.steps)
     _check_run_fields(cfg)
     check_axes_for_modes(par)
     check_init_from_hf(cfg)
@@ -940,6 +943,104 @@ def check_memory(cfg: TrainConfig, model: Any, capacity: int, sharing: int = 1) 
         f"state on the mesh {cfg.parallel.short()}, but {where}; use {alternative}, more tensor "
         "parallelism, or --zero 3"
     )
+
+
+# ---- benchmarks (scripts/bench_throughput.py) ----------------------------------------------------
+
+BASELINES = ("plain-jax", "torch", "none")
+
+
+def check_bench(baseline: str, timed_steps: int, warmup: int) -> None:
+    """The harness's own flags: a known baseline, at least 2 timed steps, no negative warm-up."""
+    if baseline not in BASELINES:
+        raise ConfigError(choice("--baseline", baseline, BASELINES))
+    if timed_steps < 2:
+        raise ConfigError(
+            f"--timed-steps {timed_steps} gives no median worth the name; use at least 2 (e.g. "
+            "--timed-steps 20)"
+        )
+    if warmup < 0:
+        raise ConfigError(f"--bench-warmup {warmup} must be 0 or more (e.g. --bench-warmup 3)")
+
+
+def check_baseline(cfg: TrainConfig, baseline: str) -> None:
+    """What each baseline can mirror. ``plain-jax`` (benchmarks/plain_jax_gpt.py) shards over
+    ``data`` and tensor modes none, 1d and 2d, with learned positions, fp32 or bf16, no ZeRO,
+    offload, accumulation, pipeline or sequence split, and no remat that recomputes a matmul
+    (``none`` or ``dots``): its step must do the library's work and nothing else. ``torch``
+    runs on one device with AdamW and learned positions."""
+    if baseline == "none":
+        return
+    model = _models()[cfg.model]
+    if type(model).__name__ != "GPTConfig":
+        raise ConfigError(
+            f"--baseline {baseline} is the GPT family's model, not --model {cfg.model}'s; use a "
+            "GPT model (e.g. --model gpt2-tiny) or --baseline none"
+        )
+    position = cfg.model_overrides.get("position", model.position)
+    if position != "learned":
+        raise ConfigError(
+            f"--baseline {baseline} has learned positions only, not model.position={position}; "
+            "drop --set model.position or use --baseline none"
+        )
+    if baseline == "torch":
+        if cfg.optim.name != "adamw":
+            raise ConfigError(
+                f"--baseline torch trains with AdamW only, not --optimizer {cfg.optim.name}; "
+                "use --optimizer adamw or --baseline plain-jax"
+            )
+        return
+    par = cfg.parallel
+    unmirrored = [
+        (par.pipe > 1, f"pipe={par.pipe}"),
+        (par.seq > 1, f"seq={par.seq}"),
+        (par.tensor_mode not in ("none", "1d", "2d"), f"--tensor-mode {par.tensor_mode}"),
+        (par.zero != 0, f"--zero {par.zero}"),
+        (cfg.remat not in ("none", "dots"), f"--remat {cfg.remat}"),
+        (cfg.offload != "none", f"--offload {cfg.offload}"),
+        (grad_accum_of(cfg) != 1, "gradient accumulation"),
+        (cfg.precision == "fp16", "--precision fp16 (loss scaling)"),
+    ]
+    for bad, what in unmirrored:
+        if bad:
+            raise ConfigError(
+                f"--baseline plain-jax mirrors data parallelism and 1d/2d tensor parallelism "
+                f"only, not {what}; e.g. --mesh data=2,tensor=4 --tensor-mode 2d, or "
+                "--baseline none"
+            )
+
+
+# ---- performance settings (--xla-preset, --profile-dir/--profile-steps) -------------------------
+
+
+def _presets() -> tuple[str, ...]:
+    from colossal_jax.xla_presets import PRESETS
+
+    return tuple(PRESETS)
+
+
+def check_xla_preset(name: str) -> None:
+    if name not in _presets():
+        raise ConfigError(choice("--xla-preset", name, _presets()))
+
+
+def check_profile(directory: str | None, steps: str | None, total_steps: int) -> None:
+    """``--profile-steps A:B`` needs ``--profile-dir`` and ``1 <= A <= B <= --steps``."""
+    if steps is None:
+        return
+    example = f"--profile-steps {min(3, total_steps)}:{min(5, total_steps)}"
+    if directory is None:
+        raise ConfigError(f"--profile-steps {steps} needs --profile-dir DIR (where the trace goes)")
+    first, sep, last = str(steps).partition(":")
+    try:
+        a, b = int(first), int(last)
+    except ValueError:
+        a, b = 0, -1
+    if not sep or not 1 <= a <= b <= total_steps:
+        raise ConfigError(
+            f"--profile-steps {steps} must be A:B with 1 <= A <= B <= --steps {total_steps} "
+            f"(the steps traced, inclusive); e.g. {example}"
+        )
 
 
 # ---- initialisation from a Hugging Face directory -----------------------------------------------

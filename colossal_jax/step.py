@@ -72,10 +72,11 @@ def sharded_value_and_grad(
     tokens_spec = layout.token_spec()
     token_axes = tuple(a for entry in tokens_spec for a in axes_of(entry))
     options = zero.stack_options(stage, layer_dims, remat)
+    extra = zero.extra_axes(param_specs, token_axes)
 
     def per_device(params, tokens, positions, targets, weights, scale):
         count = jnp.maximum(jax.lax.psum(jnp.sum(weights.astype(jnp.float32)), token_axes), 1.0)
-        params = zero.enter(params, dims, stage)
+        params = zero.enter(params, dims, stage, extra)
 
         def loss_of(p, mb):
             if compute_dtype != jnp.float32:
@@ -92,7 +93,7 @@ def sharded_value_and_grad(
         batch = {"tokens": tokens, "positions": positions, "targets": targets, "weights": weights}
         if accum == 1:
             loss, grads = grad_fn(params, batch)
-            grads = zero.reduce(grads, dims, stage)
+            grads = zero.reduce(grads, dims, stage, extra)
         else:
             micro = jax.tree.map(
                 lambda a: a.reshape(accum, a.shape[0] // accum, *a.shape[1:]), batch
@@ -101,7 +102,7 @@ def sharded_value_and_grad(
 
             def one(mb):
                 loss, g = grad_fn(params, mb)
-                return loss, (zero.reduce(g, dims, stage) if early else g)
+                return loss, (zero.reduce(g, dims, stage, extra) if early else g)
 
             def add(acc, mb):
                 return jax.tree.map(jnp.add, acc, one(mb)), None
@@ -110,7 +111,7 @@ def sharded_value_and_grad(
             rest = jax.tree.map(lambda a: a[1:], micro)
             (loss, grads), _ = jax.lax.scan(add, (first_loss, first), rest)
             if not early:
-                grads = zero.reduce(grads, dims, stage)
+                grads = zero.reduce(grads, dims, stage, extra)
         grads = jax.tree.map(lambda g: g.astype(jnp.float32), grads)
         return loss / scale, grads
 

@@ -27,7 +27,7 @@ from flax import nnx
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from colossal_jax import signals, watchdog
+from colossal_jax import signals, watchdog, xla_presets
 from colossal_jax.checkpoint import Checkpointer, abstract_like
 from colossal_jax.config import ConfigError, TrainConfig
 from colossal_jax.devices import devices_hint
@@ -36,6 +36,7 @@ from colossal_jax.layers import use_parallelism
 from colossal_jax.mesh import build_mesh
 from colossal_jax.metrics import MetricsWriter, device_memory, peak_flops
 from colossal_jax.optim import make_optimizer, schedule
+from colossal_jax.profiling import StepProfiler
 from colossal_jax.rules import grad_accum_of, resolve_model, uses_zigzag
 from colossal_jax.sharding import make_layout, make_local_attention, tree_shardings
 from colossal_jax.step import sharded_value_and_grad, stack_layer_dims
@@ -111,6 +112,8 @@ class Run:
 def build(cfg: TrainConfig) -> Run:
     """Validate ``cfg`` against the devices and the model, and derive every sharding."""
     cfg.validate()
+    if cfg.xla_preset is not None:
+        xla_presets.check_applied(cfg.xla_preset)
     family = family_of(cfg.model)
     corpus = load_text(family.task, cfg.data)
     model = resolve_model(cfg, corpus.vocab_size if corpus is not None else None)
@@ -705,6 +708,7 @@ def _train(
     losses: list[float] = []
     timed_tokens, timed_seconds = 0, 0.0
     step = start_step
+    profiler = StepProfiler.of(cfg)  # --profile-dir: a trace of --profile-steps
     agreed_signal = 0  # the largest stop flag of any process, once one is seen
     last_done = 0.0  # when the host last saw a step's results
     paused = 0.0  # seconds of the loop spent in evaluation and checkpoint saves
@@ -785,6 +789,7 @@ def _train(
         loop_start = time.perf_counter()
         while step < cfg.steps:
             watchdog.arm(f"step {step + 1}")  # through its evaluation and save
+            profiler.step(step + 1, pending=params)
             params, opt_state, out = compiled(params, opt_state, next_batch)
             dispatched = time.perf_counter()
             step += 1
@@ -818,6 +823,7 @@ def _train(
             watchdog.disarm()
         loop_s = time.perf_counter() - loop_start - paused
     finally:
+        profiler.close(pending=params)
         watchdog.disarm()
         if bar is not None:
             bar.close()

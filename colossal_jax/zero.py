@@ -90,23 +90,54 @@ def leftovers(tree: Any, layout: TensorLayout, *, layer_entry: str | None = None
     return out
 
 
-def _map(f, tree: Any, dims: Any) -> Any:
-    """``f(leaf, dim, stacked)`` over the Variables of ``tree`` with their ZeRO dims."""
+def _map(f, tree: Any, dims: Any, extra: Any = None) -> Any:
+    """``f(leaf, dim, stacked)`` over the Variables of ``tree`` with their ZeRO dims; with
+    ``extra`` (a tree of axis tuples), ``f(leaf, dim, stacked, axes)``."""
 
-    def one(v, d):
+    def one(v, d, ax=None):
         if not is_variable(v):
             return v
-        return v.replace(f(v.get_value(), d, is_stacked(v)))
+        args = (v.get_value(), d, is_stacked(v))
+        return v.replace(f(*args) if extra is None else f(*args, tuple(ax or ())))
 
-    return jax.tree.map(one, tree, dims, is_leaf=is_variable)
+    if extra is None:
+        return jax.tree.map(one, tree, dims, is_leaf=is_variable)
+    return jax.tree.map(one, tree, dims, extra, is_leaf=is_variable)
 
 
-def enter(params: Any, dims: Any, stage: int) -> Any:
+def extra_axes(specs: Any, token_axes: tuple[str, ...]) -> Any:
+    """For each parameter (``specs``: its PartitionSpec tree), the axes other than ``data`` that
+    split the tokens but not the parameter: its gradient is a partial sum over them."""
+    from jax.sharding import PartitionSpec
+
+    def one(spec):
+        held = set(_axes_of_spec(spec))
+        return tuple(a for a in token_axes if a != AXIS and a not in held)
+
+    return jax.tree.map(one, specs, is_leaf=lambda x: isinstance(x, PartitionSpec))
+
+
+def _axes_of_spec(spec) -> list[str]:
+    return [a for entry in spec for a in _axes_of(entry)]
+
+
+def enter(params: Any, dims: Any, stage: int, extra: Any = None) -> Any:
     """Inside the all-manual step: cast every parameter varying over ``data`` so no kernel
-    reduces its gradient over ``data`` (stage 3's sharded leaves already vary over it)."""
-    return _map(
-        lambda a, d, _: a if (stage == 3 and d is not None) else varying(a, (AXIS,)), params, dims
-    )
+    reduces its gradient over ``data`` (stage 3's sharded leaves already vary over it).
+
+    ``extra`` (a tree of axis-name tuples, one per parameter; see :func:`extra_axes`) names the
+    other axes that split the tokens but not the parameter (``seq``, a tensor mode's batch axes):
+    the parameter is cast varying over them too, once per array, so no layer casts it at each
+    use — a cast inside the scanned stack would reduce its gradient in every layer and make the
+    scan keep a copy of every layer's weights for the backward pass — and :func:`reduce` sums
+    the gradient over them with the sum over ``data``, in one collective."""
+
+    def one(a, d, _, ax=()):
+        if not (stage == 3 and d is not None):
+            a = varying(a, (AXIS,))
+        return varying(a, ax)
+
+    return _map(one, params, dims, extra)
 
 
 def gather(a: jax.Array, dim: int) -> jax.Array:
@@ -153,16 +184,19 @@ def stack_options(
     return StackOptions(remat=keep, prepare_layer=gather_layer(layer_dims))
 
 
-def reduce(grads: Any, dims: Any, stage: int) -> Any:
+def reduce(grads: Any, dims: Any, stage: int, extra: Any = None) -> Any:
     """The one reduction of the gradients over ``data``: all-reduce (stages 0–1, and leftovers),
     reduce-scatter along the ZeRO dim (stage 2); stage 3's sharded leaves were reduce-scattered
-    by the transpose of their gathers and pass through."""
+    by the transpose of their gathers and pass through. With ``extra`` (:func:`enter`) each
+    gradient is also summed over its extra axes: in the same all-reduce for stages 0–1."""
 
-    def one(g, d, _):
+    def one(g, d, _, ax=()):
         if d is None or stage <= 1:
-            return jax.lax.psum(g, AXIS)
+            return jax.lax.psum(g, (AXIS, *ax))
+        if ax:
+            g = jax.lax.psum(g, ax)
         if stage == 2:
             return jax.lax.psum_scatter(g, AXIS, scatter_dimension=d, tiled=True)
         return g
 
-    return _map(one, grads, dims)
+    return _map(one, grads, dims, extra)

@@ -46,9 +46,14 @@ def grouped_scores(q: jax.Array, k: jax.Array) -> jax.Array:
     """Float32 ``q·kᵀ`` scores ``[b, a, sq, sk]`` of ``q: [b, sq, a, d]`` and ``k: [b, sk, g, d]``
     with ``g`` dividing ``a``: grouped-query attention (Ainslie et al. 2023, arXiv 2305.13245),
     query head ``i`` reads key head ``i // (a/g)`` (``g = a``: multi-head, ``g = 1``:
-    multi-query). Each key head is read once per group, never copied ``a/g`` times."""
+    multi-query). Each key head is read once per group, never copied ``a/g`` times. With
+    ``g = a`` the product has no group axis: the grouped form's ``[b, g, r, q, k]`` result is
+    stored query-major by XLA and its reshape to ``[b, a, q, k]`` copied the whole score matrix
+    in every layer (and again in the backward pass)."""
     b, sq, a, d = q.shape
     g = k.shape[2]
+    if g == a:  # multi-head: no group axis, so no transposed copy of the scores
+        return jnp.einsum("bqad,bkad->baqk", q, k, preferred_element_type=jnp.float32)
     qg = q.reshape(b, sq, g, a // g, d)
     s = jnp.einsum("bqgrd,bkgd->bgrqk", qg, k, preferred_element_type=jnp.float32)
     return s.reshape(b, a, sq, k.shape[1])
@@ -59,6 +64,8 @@ def grouped_values(probs: jax.Array, v: jax.Array) -> jax.Array:
     :func:`grouped_scores`): float32 ``[b, sq, a, d]``."""
     b, a, sq, sk = probs.shape
     g = v.shape[2]
+    if g == a:
+        return jnp.einsum("baqk,bkad->bqad", probs, v, preferred_element_type=jnp.float32)
     pg = probs.reshape(b, g, a // g, sq, sk)
     o = jnp.einsum("bgrqk,bkgd->bqgrd", pg, v, preferred_element_type=jnp.float32)
     return o.reshape(b, sq, a, v.shape[-1])
@@ -69,6 +76,8 @@ def grouped_key_grad(ds: jax.Array, x: jax.Array, groups: int) -> jax.Array:
     of grouped keys (``x = q``) or values (``ds = probs``, ``x = dO``); ``ds: [b, a, sq, sk]``,
     ``x: [b, sq, a, d]``."""
     b, a, sq, sk = ds.shape
+    if groups == a:
+        return jnp.einsum("baqk,bqad->bkad", ds, x, preferred_element_type=jnp.float32)
     dg = ds.reshape(b, groups, a // groups, sq, sk)
     xg = x.reshape(b, sq, groups, a // groups, x.shape[-1])
     return jnp.einsum("bgrqk,bqgrd->bkgd", dg, xg, preferred_element_type=jnp.float32)

@@ -23,12 +23,11 @@ docs/performance.md).
 from __future__ import annotations
 
 import jax
-import jax.numpy as jnp
 from jax.sharding import PartitionSpec as P
 
 from colossal_jax.tensor.collective_matmul import column_matmuls, matmul_all_reduce
 from colossal_jax.tensor.grid import GridLayout
-from colossal_jax.tensor.kernels import varying
+from colossal_jax.tensor.kernels import token_matmul, varying
 from colossal_jax.tensor.layout import (
     LinearKind,
     spec_axes,
@@ -84,7 +83,7 @@ class OneDLayout(GridLayout):
     def _matmul(self, x, w, kind: LinearKind):
         """Column (``"in"``): ``x @ w`` into ``[M, K/p]``. Row (``"out"``): ``psum(x @ w)``, the
         forward all-reduce of the output (``2·M·N·(p−1)/p``)."""
-        y = jnp.einsum("bsn,nk->bsk", x, w)
+        y = token_matmul(x, w)
         return y if kind == "in" else jax.lax.psum(y, self.t)
 
     def tied_logits(self, x, table):

@@ -15,7 +15,7 @@ import jax
 import jax.numpy as jnp
 from jax.sharding import PartitionSpec as P
 
-from colossal_jax.tensor.kernels import split_rms_norm
+from colossal_jax.tensor.kernels import split_rms_norm, token_matmul
 from colossal_jax.tensor.layout import (
     LinearKind,
     LocalAttention,
@@ -53,7 +53,7 @@ class ReplicatedLayout(TensorLayout):
         return P(None, None)
 
     def linear(self, x, w, b, kind: LinearKind):
-        y = jnp.einsum("bsn,nk->bsk", x, w)
+        y = token_matmul(x, w)
         return y if b is None else y + b
 
     def layer_norm(self, x, scale, bias, eps: float):

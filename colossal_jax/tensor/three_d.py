@@ -40,7 +40,7 @@ from jax.sharding import PartitionSpec as P
 from colossal_jax import rules
 from colossal_jax.tensor.collective_matmul import block, ring_all_gather, ring_reduce_scatter
 from colossal_jax.tensor.grid import GridLayout
-from colossal_jax.tensor.kernels import varying
+from colossal_jax.tensor.kernels import token_matmul, varying
 from colossal_jax.tensor.layout import (
     ActivationAxes,
     LinearKind,
@@ -108,7 +108,7 @@ class ThreeDLayout(GridLayout):
     def _matmul(self, x, w, kind: LinearKind):
         """All-gather the weight over ``i``, multiply, reduce-scatter the partial sums over the
         axis that split the contraction (``k`` for A → B, ``j`` for B → A) on the batch."""
-        y = jnp.einsum("bsn,nk->bsk", x, jax.lax.all_gather(w, self.i, axis=0, tiled=True))
+        y = token_matmul(x, jax.lax.all_gather(w, self.i, axis=0, tiled=True))
         scatter = self.k if kind == "in" else self.j
         return jax.lax.psum_scatter(y, scatter, scatter_dimension=0, tiled=True)
 

@@ -36,7 +36,7 @@ from jax.sharding import PartitionSpec as P
 from colossal_jax import rules
 from colossal_jax.tensor.collective_matmul import block, ring_all_gather
 from colossal_jax.tensor.grid import GridLayout
-from colossal_jax.tensor.kernels import grid_transpose, varying
+from colossal_jax.tensor.kernels import grid_transpose, token_matmul, varying
 from colossal_jax.tensor.layout import (
     ActivationAxes,
     LinearKind,
@@ -105,7 +105,7 @@ class TwoDLayout(GridLayout):
     def _matmul(self, x, w, kind: LinearKind):
         """All-gather the weight's row blocks over ``r`` and multiply: the output
         ``[M/q, K/q]`` block is already in the activation layout."""
-        return jnp.einsum("bsn,nk->bsk", x, jax.lax.all_gather(w, self.row, axis=0, tiled=True))
+        return token_matmul(x, jax.lax.all_gather(w, self.row, axis=0, tiled=True))
 
     def tied_logits(self, x, table):
         """The tied LM head on the grid. The table's block on device ``(i, j)`` is

@@ -1,0 +1,80 @@
+"""A copy of the synchronous training loop of ``colossal_jax.train`` as it was before the loop
+became asynchronous: the next batch is built only after the step returns, and the host waits
+for every step (``float(loss)``, ``float(grad_norm)``) before dispatching the next one.
+
+``scripts/bench_throughput.py`` times it next to today's ``train()`` loop in one invocation, so
+the gain of the asynchronous loop is measured, not asserted. What it keeps of the old loop's
+per-step work: the batch build and placement, the step, the metrics record (loss, lr,
+grad_norm, step time, tokens/s, MFU, peak memory where reported) and the non-finite guard.
+What it leaves out (it would be equally absent or equally present in both loops in a benchmark
+run): the progress bar, evaluation, checkpoints, signals and the watchdog.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from colossal_jax.divergence import Guard
+from colossal_jax.metrics import device_memory
+from colossal_jax.optim import schedule
+from colossal_jax.train import Run, global_batch
+
+
+@dataclass
+class LoopTiming:
+    """Wall time of ``steps`` steps of a loop and what they leave behind."""
+
+    steps: int
+    loop_s: float
+    tokens_per_s: float
+    losses: list[float]
+    params: Any
+    opt_state: Any
+
+
+def sync_loop(
+    run: Run,
+    compiled: Callable,
+    params: Any,
+    opt_state: Any,
+    *,
+    start: int,
+    steps: int,
+    peak_flops: float | None = None,
+) -> LoopTiming:
+    """Run ``steps`` steps from step ``start`` the old, synchronous way; ``compiled`` is the
+    compiled train step (``make_train_step(run)`` lowered and compiled)."""
+    cfg = run.cfg
+    lr_at = schedule(cfg.optim, cfg.steps)
+    tokens_per_step = cfg.batch_size * cfg.seq_len
+    flops_per_step = run.model.flops_per_token(cfg.seq_len) * tokens_per_step
+    n_dev = run.mesh.size
+    guard = Guard(skipped=None)
+    losses: list[float] = []
+    t_loop = time.perf_counter()
+    for step in range(start, start + steps):
+        batch = global_batch(run, step)
+        t0 = time.perf_counter()
+        params, opt_state, out = compiled(params, opt_state, batch)
+        loss = float(out["loss"])
+        dt = time.perf_counter() - t0
+        losses.append(loss)
+        record = {
+            "step": step + 1,
+            "loss": loss,
+            "lr": float(lr_at(step)),
+            "grad_norm": float(out["grad_norm"]),
+            "step_time_s": dt,
+            "tokens_per_s": tokens_per_step / dt,
+            "mfu": flops_per_step / dt / (peak_flops * n_dev) if peak_flops else None,
+        }
+        bad = guard.check(loss, record["grad_norm"], None)
+        if bad is not None:
+            raise RuntimeError(f"the synchronous loop diverged at step {step + 1}: {bad}")
+        if (mem := device_memory()) is not None:
+            record["peak_bytes_in_use"] = mem["peak_bytes_in_use"]
+    loop_s = time.perf_counter() - t_loop
+    return LoopTiming(steps, loop_s, steps * tokens_per_step / loop_s, losses, params, opt_state)

@@ -1,0 +1,452 @@
+"""The throughput harness behind ``scripts/bench_throughput.py``: the library's compiled training
+step against a baseline (plain JAX + GSPMD, or PyTorch) doing the same work, interleaved step by
+step in one process, and the training loop's time outside the compiled step.
+
+Measurements (every figure of one record comes from one invocation):
+
+- **step time**: ``--timed-steps`` steps of each side after ``--bench-warmup`` untimed ones, in
+  alternating order (library first on even steps, baseline first on odd ones), each step timed
+  from dispatch to ``block_until_ready`` of all its outputs, on the same batches; min and median
+  per side, and ``ratio``: the median of the per-step ratios library / baseline (pairs taken
+  back to back, so a machine shared with other jobs slows both alike).
+- **tokens/s** ``= batch·seq / median step``; **model TFLOP/s per device** ``= flops_per_token ·
+  tokens/s / devices`` with ``flops_per_token = 6·N + 12·L·s·h`` (``GPTConfig.flops_per_token``,
+  docs/formulas.md §7: N the matmul parameters, L layers, s the sequence, h the hidden size);
+  **MFU** = that over the device's dense bf16 peak (``colossal_jax.metrics.PEAK_FLOPS`` or
+  ``--peak-tflops``; ``null`` on a CPU).
+- **peak memory**: on a CPU the compiled step's ``memory_analysis()`` (arguments + outputs −
+  aliased + temporaries), on a GPU ``device.memory_stats()['peak_bytes_in_use']``.
+- **compile time**: lowering and compiling each side's step (PyTorch: its first step).
+- **the loop**: ``colossal_jax.train.train`` runs ``--steps`` steps (no evaluation, no
+  checkpoints) and ``outside_step_fraction = 1 − step / (loop time per step)`` with ``step`` the
+  library's median step time above; the old synchronous loop (``benchmarks/sync_loop.py``) runs as
+  many steps before and after it, and both loops' tokens/s are recorded.
+- **agreement**: the baseline starts from the library's parameters and gets the same batches,
+  so its per-step losses follow the library's; ``max_loss_diff`` records the largest difference
+  (plain JAX: the same optax optimizer, so a gradient error shows here).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from colossal_jax.config import ConfigError, TrainConfig
+from colossal_jax.rules import BASELINES  # noqa: E402
+
+FLOPS_FORMULA = "6*N + 12*L*s*h per token (N matmul parameters; GPTConfig.flops_per_token)"
+
+
+def add_bench_flags(parser) -> None:
+    """The harness's own flags, next to every flag of ``scripts/train.py``."""
+    a = parser.add_argument
+    a("--json", required=True, help="append one record to this JSON list (created if absent)")
+    a(
+        "--baseline",
+        default="plain-jax",
+        help=f"one of {', '.join(BASELINES)}: plain-jax (the same GPT in jnp + GSPMD), torch "
+        "(PyTorch, one device), none",
+    )
+    a("--timed-steps", type=int, default=20, help="timed steps per side (at least 2)")
+    a("--bench-warmup", type=int, default=3, help="untimed steps per side before timing")
+    parser.set_defaults(steps=30, eval_every=0, no_progress=True)
+
+
+def check_bench_args(args) -> None:
+    from colossal_jax import rules
+
+    rules.check_bench(args.baseline, args.timed_steps, args.bench_warmup)
+
+
+def stats(times: list[float]) -> dict[str, float]:
+    return {"min": min(times), "median": statistics.median(times)}
+
+
+def paired_ratio(lib: list[float], base: list[float]) -> float:
+    """The median of the per-step ratios library / baseline."""
+    return statistics.median(a / b for a, b in zip(lib, base, strict=True))
+
+
+def compiled_peak_bytes(compiled) -> dict[str, int] | None:
+    """Peak bytes of a compiled JAX step per device from its memory analysis (CPU, GPU)."""
+    m = compiled.memory_analysis()
+    if m is None:
+        return None
+    parts = {
+        "argument": int(m.argument_size_in_bytes),
+        "output": int(m.output_size_in_bytes),
+        "alias": int(m.alias_size_in_bytes),
+        "temp": int(m.temp_size_in_bytes),
+    }
+    parts["peak"] = parts["argument"] + parts["output"] - parts["alias"] + parts["temp"]
+    return parts
+
+
+def _block(tree) -> None:
+    import jax
+
+    jax.block_until_ready(tree)
+
+
+class _LibrarySide:
+    """The library's compiled step, state and batches."""
+
+    def __init__(self, cfg: TrainConfig):
+        import importlib
+
+        self.T = importlib.import_module("colossal_jax.train")
+        self.run = self.T.build(cfg)
+        self.params, self.opt_state = self.T.init_state(self.run)
+        step = self.T.make_train_step(self.run)
+        t0 = time.perf_counter()
+        self.compiled = step.lower(self.params, self.opt_state, self.batch(0)).compile()
+        self.compile_s = time.perf_counter() - t0
+
+    def batch(self, step: int):
+        return self.T.global_batch(self.run, step)
+
+    def __call__(self, batch):
+        self.params, self.opt_state, out = self.compiled(self.params, self.opt_state, batch)
+        _block((self.params, self.opt_state, out))
+        return out["loss"]
+
+    def peak_bytes(self) -> dict[str, Any] | None:
+        from colossal_jax.metrics import device_memory
+
+        mem = device_memory()
+        if mem is not None:
+            return {"peak": mem["peak_bytes_in_use"], "source": "device.memory_stats()"}
+        parts = compiled_peak_bytes(self.compiled)
+        return None if parts is None else {**parts, "source": "compiled.memory_analysis()"}
+
+
+class _PlainSide:
+    """``benchmarks/plain_jax_gpt.py`` in the sharding that mirrors the library's mesh."""
+
+    def __init__(self, lib: _LibrarySide):
+        from benchmarks import plain_jax_gpt as pj
+        from colossal_jax.train import COMPUTE_DTYPES
+
+        par = lib.run.cfg.parallel
+        mode = {"none": "data", "1d": "1d", "2d": "2d"}[par.tensor_mode]
+        row, col = (par.tensor_size, 1) if mode == "1d" else (par.tensor_row, par.tensor_col)
+        mesh = pj.make_mesh(mode, par.data, row, col, list(lib.run.mesh.devices.flat))
+        dtype = COMPUTE_DTYPES[lib.run.cfg.precision]
+        self.plain = pj.build(lib.run.model, lib.run.tx, mesh, mode, compute_dtype=dtype)
+        self.params, self.opt_state = self.plain.place(pj.from_library(lib.params))
+        self.host = lib.run.batches
+        t0 = time.perf_counter()
+        self.compiled = self.plain.step.lower(self.params, self.opt_state, self.batch(0)).compile()
+        self.compile_s = time.perf_counter() - t0
+
+    def batch(self, step: int):
+        return self.plain.put_batch(self.host.batch(step))
+
+    def __call__(self, batch):
+        self.params, self.opt_state, out = self.compiled(self.params, self.opt_state, batch)
+        _block((self.params, self.opt_state, out))
+        return out["loss"]
+
+    def peak_bytes(self) -> dict[str, Any] | None:
+        parts = compiled_peak_bytes(self.compiled)
+        return None if parts is None else {**parts, "source": "compiled.memory_analysis()"}
+
+
+class _TorchSide:
+    """``benchmarks/torch_gpt.py`` on one device; its first step (which compiles) is timed as
+    its compile time, then it starts again from the library's parameters."""
+
+    def __init__(self, lib: _LibrarySide):
+        from benchmarks.torch_gpt import TorchRun
+
+        cfg = lib.run.cfg
+        self.run = TorchRun(lib.run.model, cfg.optim, cfg.steps)
+        self.run.reset(lib.params)
+        self.host = lib.run.batches
+        t0 = time.perf_counter()
+        self.run.step(self.batch(0))
+        self.run.synchronize()
+        self.compile_s = time.perf_counter() - t0
+        self.run.reset(lib.params)
+
+    def batch(self, step: int):
+        return self.run.put_batch(self.host.batch(step))
+
+    def __call__(self, batch):
+        loss, _ = self.run.step(batch)
+        self.run.synchronize()
+        return loss
+
+    def peak_bytes(self) -> dict[str, Any] | None:
+        import torch
+
+        if self.run.device.type == "cuda":
+            return {"peak": int(torch.cuda.max_memory_allocated()), "source": "torch.cuda"}
+        return None
+
+
+def time_interleaved(lib, base, steps: int, warmup: int) -> dict[str, Any]:
+    """Run ``warmup + steps`` steps of both sides on the same batches, alternating which goes
+    first; returns the timed seconds and losses of each side."""
+    lib_t, base_t, lib_loss, base_loss = [], [], [], []
+    for i in range(warmup + steps):
+        lb, bb = lib.batch(i), (base.batch(i) if base is not None else None)
+        order = [("lib", lib, lb), ("base", base, bb)]
+        if i % 2:
+            order.reverse()
+        for name, side, batch in order:
+            if side is None:
+                continue
+            t0 = time.perf_counter()
+            loss = side(batch)
+            dt = time.perf_counter() - t0
+            if i >= warmup:
+                (lib_t if name == "lib" else base_t).append(dt)
+            (lib_loss if name == "lib" else base_loss).append(loss)
+    return {
+        "lib_s": lib_t,
+        "base_s": base_t,
+        "lib_loss": [float(x) for x in lib_loss],
+        "base_loss": [float(x) for x in base_loss],
+    }
+
+
+def measure_loops(lib: _LibrarySide, cfg: TrainConfig, start: int) -> dict[str, Any]:
+    """The ``train()`` loop and the old synchronous loop over ``cfg.steps`` steps each (the
+    synchronous one before and after ``train()``, the two averaged)."""
+    from benchmarks.sync_loop import sync_loop
+    from colossal_jax.train import train
+
+    peak = cfg.peak_tflops * 1e12 if cfg.peak_tflops else None
+    sync_s = []
+    for _ in range(2):
+        out = sync_loop(
+            lib.run,
+            lib.compiled,
+            lib.params,
+            lib.opt_state,
+            start=start,
+            steps=cfg.steps,
+            peak_flops=peak,
+        )
+        lib.params, lib.opt_state = out.params, out.opt_state
+        start += cfg.steps
+        sync_s.append(out.loop_s / out.steps)
+    summary = train(cfg, progress=False, log=lambda _: None)
+    loop_s = getattr(summary, "loop_s", None)
+    if loop_s is not None:
+        source = "Summary.loop_s"
+    else:
+        loop_s = summary.wall_s - summary.compile_s
+        source = (
+            "Summary.wall_s - compile_s (Summary.loop_s is not on main yet): an upper bound on "
+            "the loop, which also counts build, init_state and the first batch"
+        )
+    tokens = cfg.batch_size * cfg.seq_len
+    per_step = loop_s / summary.steps_run
+    sync_per_step = statistics.mean(sync_s)
+    return {
+        "steps": summary.steps_run,
+        "loop_s": loop_s,
+        "loop_s_source": source,
+        "loop_step_s": per_step,
+        "loop_tokens_per_s": tokens / per_step,
+        "train_compile_s": summary.compile_s,
+        "sync_loop_step_s": sync_per_step,
+        "sync_loop_tokens_per_s": tokens / sync_per_step,
+    }
+
+
+def _device_line() -> dict[str, Any]:
+    import jax
+
+    d = jax.devices()[0]
+    simulated = d.platform == "cpu" and jax.device_count() > 1
+    return {
+        "platform": d.platform,
+        "kind": d.device_kind,
+        "count": jax.device_count(),
+        "simulated": simulated,
+    }
+
+
+def benchmark(cfg: TrainConfig, baseline: str, timed: int, warmup: int) -> dict[str, Any]:
+    """One record: ``cfg`` (already validated) against ``baseline``."""
+    from colossal_jax.metrics import peak_flops
+
+    lib = _LibrarySide(cfg)
+    base = {"plain-jax": _PlainSide, "torch": _TorchSide}.get(baseline)
+    base = base(lib) if base is not None else None
+    t = time_interleaved(lib, base, timed, warmup)
+    loops = measure_loops(lib, cfg, start=warmup + timed) if cfg.steps > 0 else None
+
+    model, n_dev = lib.run.model, lib.run.mesh.size
+    tokens = cfg.batch_size * cfg.seq_len
+    lib_stats = stats(t["lib_s"])
+    flops_per_token = model.flops_per_token(cfg.seq_len)
+    tokens_per_s = tokens / lib_stats["median"]
+    tflops = flops_per_token * tokens_per_s / n_dev / 1e12
+    peak = cfg.peak_tflops * 1e12 if cfg.peak_tflops else peak_flops()
+    record: dict[str, Any] = {
+        "baseline": baseline,
+        "device": _device_line(),
+        "devices_used": n_dev,
+        "model": dataclasses.asdict(model),
+        "batch_size": cfg.batch_size,
+        "seq_len": cfg.seq_len,
+        "precision": cfg.precision,
+        "timed_steps": timed,
+        "warmup_steps": warmup,
+        "library_step_s": lib_stats,
+        "library_step_times_s": t["lib_s"],
+        "tokens_per_s": tokens_per_s,
+        "flops_per_token": flops_per_token,
+        "flops_formula": FLOPS_FORMULA,
+        "model_tflops_per_device": tflops,
+        "mfu": tflops * 1e12 / peak if peak else None,
+        "peak_flops_per_device": peak,
+        "library_peak_memory": lib.peak_bytes(),
+        "library_compile_s": lib.compile_s,
+        "baseline_step_s": None,
+        "ratio": None,
+    }
+    if base is not None:
+        base_stats = stats(t["base_s"])
+        diffs = [abs(a - b) for a, b in zip(t["lib_loss"], t["base_loss"], strict=True)]
+        record |= {
+            "baseline_step_s": base_stats,
+            "baseline_step_times_s": t["base_s"],
+            "baseline_tokens_per_s": tokens / base_stats["median"],
+            "ratio": paired_ratio(t["lib_s"], t["base_s"]),
+            "ratio_of_mins": lib_stats["min"] / base_stats["min"],
+            "baseline_peak_memory": base.peak_bytes(),
+            "baseline_compile_s": base.compile_s,
+            "first_loss_diff": diffs[0],
+            "max_loss_diff": max(diffs),
+        }
+    if loops is not None:
+        step = lib_stats["median"]
+        record["loop"] = loops
+        record["outside_step_fraction"] = 1.0 - step / loops["loop_step_s"]
+        record["sync_outside_step_fraction"] = 1.0 - step / loops["sync_loop_step_s"]
+    else:
+        record["outside_step_fraction"] = None
+    return record
+
+
+def append_record(path: str, record: dict[str, Any]) -> None:
+    """Append ``record`` to the JSON list in ``path`` (written beside and renamed over)."""
+    p = Path(path)
+    records = json.loads(p.read_text()) if p.exists() and p.stat().st_size else []
+    if not isinstance(records, list):
+        raise ConfigError(f"--json {path} holds no JSON list; give a new file")
+    records.append(record)
+    tmp = p.with_name(f".{p.name}.tmp")
+    tmp.write_text(json.dumps(records, indent=1) + "\n")
+    os.replace(tmp, p)
+
+
+@contextlib.contextmanager
+def compile_cache() -> Iterator[str | None]:
+    """A persistent compilation cache for the block, in a fresh temporary directory (unless
+    ``JAX_COMPILATION_CACHE_DIR`` names one), so ``train()``'s step, identical to the one the
+    harness compiled, loads instead of compiling again; the harness's own compiles stay cold.
+    JAX's cache settings are restored afterwards (the harness also runs inside tests)."""
+    import jax
+    from jax.experimental.compilation_cache import compilation_cache as cc
+
+    if os.environ.get("JAX_COMPILATION_CACHE_DIR"):
+        yield None
+        return
+    keys = (
+        "jax_compilation_cache_dir",
+        "jax_persistent_cache_min_compile_time_secs",
+        "jax_persistent_cache_min_entry_size_bytes",
+    )
+    before = {k: getattr(jax.config, k) for k in keys}
+    with tempfile.TemporaryDirectory(prefix="bench-throughput-cache-") as path:
+        cc.reset_cache()
+        for k, v in zip(keys, (path, 0, 0), strict=True):
+            jax.config.update(k, v)
+        try:
+            yield path
+        finally:
+            for k, v in before.items():
+                jax.config.update(k, v)
+            cc.reset_cache()
+
+
+def summary_line(r: dict[str, Any]) -> str:
+    lib = r["library_step_s"]
+    parts = [
+        f"library step {1e3 * lib['median']:.1f} ms (min {1e3 * lib['min']:.1f})",
+        f"{r['tokens_per_s']:,.0f} tokens/s",
+        f"{r['model_tflops_per_device']:.4f} TFLOP/s/device",
+        f"MFU {100 * r['mfu']:.1f}%" if r["mfu"] is not None else "MFU n/a",
+    ]
+    if r["ratio"] is not None:
+        b = r["baseline_step_s"]
+        parts.append(
+            f"{r['baseline']} {1e3 * b['median']:.1f} ms (min {1e3 * b['min']:.1f}); "
+            f"ratio {r['ratio']:.3f}; max loss diff {r['max_loss_diff']:.2e}"
+        )
+    if r.get("loop"):
+        lp = r["loop"]
+        parts.append(
+            f"train() loop {lp['loop_tokens_per_s']:,.0f} tokens/s, outside the step "
+            f"{100 * r['outside_step_fraction']:.1f}%; old synchronous loop "
+            f"{lp['sync_loop_tokens_per_s']:,.0f} tokens/s"
+        )
+    return "; ".join(parts)
+
+
+def main(argv: list[str] | None = None) -> int:
+    from colossal_jax import cli
+
+    argv = list(sys.argv[1:] if argv is None else argv)
+    try:
+        parser = cli.build_parser()
+        parser.prog = "bench_throughput.py"
+        parser.description = (
+            "Throughput of the library's training step against a baseline doing the same work "
+            "(interleaved, one process), and the training loop's time outside the step."
+        )
+        add_bench_flags(parser)
+        args = parser.parse_args(argv)
+        check_bench_args(args)
+        cli.preflight.check_args(args)
+        devices_set = cli._setup_devices(args)
+        cli.apply_xla_preset(args.xla_preset)
+        if (known := cli.devices_before_jax(args, devices_set)) is not None:
+            cli.check_before_jax(args, known)
+        import jax
+
+        n = jax.device_count()
+        if args.devices is not None:
+            if args.devices > n:
+                raise ConfigError(f"--devices {args.devices} but only {n} are available")
+            n = args.devices
+        cfg = cli.config_from_args(args, n)
+        from colossal_jax import rules
+
+        rules.check_baseline(cfg, args.baseline)
+        cfg = dataclasses.replace(cfg, devices=n, eval_every=0, checkpoint_dir=None)
+        cfg = dataclasses.replace(cfg, metrics_file=None, tensorboard_dir=None)
+        with compile_cache():
+            record = benchmark(cfg, args.baseline, args.timed_steps, args.bench_warmup)
+        record = {"flags": argv, **record}
+        append_record(args.json, record)
+        print(summary_line(record))
+        return 0
+    except ConfigError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2

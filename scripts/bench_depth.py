@@ -1,0 +1,16 @@
+"""Step time of the library's training step at several depths, interleaved in one process.
+
+``python scripts/bench_depth.py [train flags] --layers 2,8 [--baseline plain-jax] [--json PATH]``
+(``benchmarks/depth.py``): per depth the wall and CPU time per step, and the median of the
+paired ratios t(L) / t(first depth).
+"""
+
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from benchmarks.depth import main  # noqa: E402
+
+if __name__ == "__main__":
+    sys.exit(main())

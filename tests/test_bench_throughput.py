@@ -1,0 +1,54 @@
+"""The throughput harness's baseline computes what the library computes, and its JSON record.
+
+``scripts/bench_throughput.py`` on the GSPMD 2D mesh (data=2, tensor 2×2) at a tiny size, two
+timed steps, in-process: the record has every field; the plain-JAX GPT
+(``benchmarks/plain_jax_gpt.py``), started from the library's parameters, has the library's
+loss on the first batch (equal parameters: a baseline computing something else would make every
+ratio meaningless), and its next losses follow the library's (the same gradients, the same
+optax optimizer).
+"""
+
+from __future__ import annotations
+
+import json
+
+from benchmarks.throughput import main as bench_main
+from tests.helpers import TINY_MODEL
+
+SMALL = {**TINY_MODEL, "n_layer": 1, "n_head": 8, "n_embd": 32, "block_size": 16}
+
+
+def test_bench_throughput_record(tmp_path):
+    out = tmp_path / "bench.json"
+    flags = ["--mesh", "data=2,tensor=4", "--tensor-mode", "2d", "--batch-size", "8"]
+    flags += ["--seq-len", "16", "--steps", "2", "--timed-steps", "2", "--bench-warmup", "0"]
+    flags += [f"--set=model.{k}={v}" for k, v in SMALL.items()]
+    assert bench_main([*flags, "--json", str(out)]) == 0
+    (record,) = json.loads(out.read_text())
+    for key in (
+        "flags",
+        "baseline",
+        "library_step_s",
+        "baseline_step_s",
+        "ratio",
+        "outside_step_fraction",
+        "tokens_per_s",
+        "mfu",
+        "model_tflops_per_device",
+        "library_peak_memory",
+        "library_compile_s",
+        "baseline_compile_s",
+        "loop",
+    ):
+        assert key in record, key
+    assert record["baseline"] == "plain-jax" and record["flags"][:2] == flags[:2]
+    for side in ("library_step_s", "baseline_step_s"):
+        assert 0 < record[side]["min"] <= record[side]["median"]
+    assert record["ratio"] > 0 and record["tokens_per_s"] > 0
+    assert record["mfu"] is None  # a CPU has no known peak
+    assert record["library_peak_memory"]["peak"] > 0
+    assert record["first_loss_diff"] < 1e-5, "the baseline's loss at the library's parameters"
+    assert record["max_loss_diff"] < 1e-4, "the baseline's next steps (gradients, optimizer)"
+    assert record["outside_step_fraction"] < 1
+    assert record["loop"]["steps"] == 2 and record["loop"]["sync_loop_tokens_per_s"] > 0
+    assert record["loop"]["loop_s_source"] == "Summary.loop_s"
