@@ -60,7 +60,7 @@ def test_signal_mid_run_saves_exits_and_resumes_exactly(tmp_path, reference, sig
 
 def test_sigint_at_random_moments_never_crashes():
     out = subprocess.run(
-        [sys.executable, str(ROOT / "scripts" / "signal_loop.py"), "--moments", "4", "--seed", "1"],
+        [sys.executable, str(ROOT / "scripts" / "signal_loop.py"), "--moments", "3", "--seed", "1"],
         capture_output=True, text=True, timeout=600,
     )  # fmt: skip
     assert out.returncode == 0, out.stdout + out.stderr
@@ -68,7 +68,7 @@ def test_sigint_at_random_moments_never_crashes():
 
 def test_kill_loop_loses_nothing():
     out = subprocess.run(
-        [sys.executable, str(ROOT / "scripts" / "kill_loop.py"), "--kills", "4", "--steps", "16"],
+        [sys.executable, str(ROOT / "scripts" / "kill_loop.py"), "--kills", "3", "--steps", "12"],
         capture_output=True, text=True, timeout=600,
     )  # fmt: skip
     assert out.returncode == 0, out.stdout + out.stderr

@@ -35,12 +35,11 @@ def visible(q_pos: jax.Array, k_pos: jax.Array, causal: bool) -> jax.Array:
 def masked_softmax(scores: jax.Array, keep: jax.Array) -> jax.Array:
     """Softmax over the last axis of float32 ``scores`` restricted to ``keep``; rows with no
     visible entry are all zeros, with zero (never NaN) gradient."""
-    s = jnp.where(keep, scores, -jnp.inf)
-    m = jnp.max(s, axis=-1, keepdims=True)
-    m = jax.lax.stop_gradient(jnp.where(jnp.isneginf(m), 0.0, m))
-    e = jnp.exp(s - m)  # masked -> exp(-inf) = 0
-    den = jnp.sum(e, axis=-1, keepdims=True)
-    return e / jnp.where(den > 0, den, 1.0)
+    # jax.nn.softmax (its own max shift and derivative); a row with nothing visible takes the
+    # softmax of its raw scores (finite) and is then zeroed, so neither value nor gradient is NaN
+    blind = ~jnp.any(keep, axis=-1, keepdims=True)
+    probs = jax.nn.softmax(jnp.where(keep | blind, scores, -jnp.inf), axis=-1)
+    return jnp.where(keep, probs, 0.0)
 
 
 def grouped_scores(q: jax.Array, k: jax.Array) -> jax.Array:
