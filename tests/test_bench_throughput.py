@@ -52,3 +52,18 @@ def test_bench_throughput_record(tmp_path):
     assert record["outside_step_fraction"] < 1
     assert record["loop"]["steps"] == 2 and record["loop"]["sync_loop_tokens_per_s"] > 0
     assert record["loop"]["loop_s_source"] == "Summary.loop_s"
+
+
+def test_bench_refuses_what_its_baseline_cannot_mirror(tmp_path, capsys):
+    out = str(tmp_path / "bench.json")
+    cases = [
+        (["--baseline", "tf"], "--baseline 'tf' is not one of plain-jax, torch, none"),
+        (["--timed-steps", "1"], "--timed-steps 1"),
+        (["--mesh", "seq=8"], "not seq=8; e.g. --mesh data=2,tensor=4 --tensor-mode 2d"),
+        (["--zero", "1"], "not --zero 1"),
+        (["--baseline", "torch", "--optimizer", "sgd"], "AdamW only, not --optimizer sgd"),
+    ]
+    for flags, message in cases:
+        assert bench_main([*flags, "--json", out]) == 2, flags
+        assert message in capsys.readouterr().err, flags
+    assert not (tmp_path / "bench.json").exists()
