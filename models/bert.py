@@ -4,11 +4,12 @@ language modelling, written once on the library's layers.
 Token, learned-position and (optional) token-type embeddings, summed and layer-normed; post-LN
 encoder layers (``LN(x + attn(x))``, then ``LN(x + mlp(x))``) whose attention sees every position
 (``causal=False``); an MLM decoder tied to the token embedding, with its own bias, as the
-paper's. The loss is scored where the data's weights are nonzero, the masked positions
-(:mod:`colossal_jax.masked_lm`). Differences from the paper: the decoder reads the last layer's
-output directly, without BERT's extra dense + GELU + LayerNorm transform (a hidden-to-hidden map
-of the residual stream has no layout kind); GELU is the tanh approximation of the library's MLP
-unless ``gelu="exact"``; no next-sentence head.
+paper's, reading the last layer's output through the paper's transform (dense ``h → h``,
+GELU, LayerNorm; a :class:`~colossal_jax.layers.HiddenDense`). The loss is scored where the
+data's weights are nonzero, the masked positions (:mod:`colossal_jax.masked_lm`). Differences
+from the paper: GELU is the tanh approximation of the library's MLP unless ``gelu="exact"``;
+token types come from the ``[SEP]`` tokens in the sequence (:func:`segments`), not from an
+input; no next-sentence head.
 """
 
 from __future__ import annotations
@@ -17,8 +18,16 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from colossal_jax.layers import MLP, Embed, FeatureEmbed, LayerNorm, SelfAttention, Stack
-from colossal_jax.layers.core import token_loss_sums
+from colossal_jax.layers import (
+    MLP,
+    Embed,
+    FeatureEmbed,
+    HiddenDense,
+    LayerNorm,
+    SelfAttention,
+    Stack,
+)
+from colossal_jax.layers.model import SequenceModel
 from colossal_jax.masked_lm import SpecialTokens
 from models.bert_config import BERT_MODELS, BertConfig
 
@@ -46,7 +55,7 @@ def segments(tokens: jax.Array, sep: int, types: int) -> jax.Array:
     return jnp.minimum(jnp.cumsum(is_sep, axis=1) - is_sep, types - 1)
 
 
-class Bert(nnx.Module):
+class Bert(SequenceModel):
     """``embed → blocks → head``, the parts pipelines, accumulation and remat wrap; ``blocks``
     is a :class:`Stack`."""
 
@@ -63,36 +72,23 @@ class Bert(nnx.Module):
         )
         self.ln_emb = LayerNorm(h, eps=cfg.eps)
         self.blocks = Stack(lambda r: Block(cfg, rngs=r), cfg.n_layer, rngs=rngs, unroll=unroll)
-        # the decoder's weights are wte's table (tied); its bias is split like a wide output
+        # the MLM head: transform (dense, GELU, LayerNorm), then the decoder, whose weights are
+        # wte's table (tied) and whose bias is split like a wide output
+        self.transform = HiddenDense(h, rngs=rngs)
+        self.ln_transform = LayerNorm(h, eps=cfg.eps)
         self.decoder_bias = nnx.Param(jnp.zeros((cfg.vocab_size,), jnp.float32), role="bias_in")
 
     def embed(self, tokens: jax.Array, positions: jax.Array) -> jax.Array:
         """Token + position (+ token-type) embeddings, layer-normed: ``[b, s, h]``."""
         x = self.wte(tokens) + self.wpe(positions)
         if self.wtt is not None:
-            sep = SpecialTokens.of(self.cfg.vocab_size).sep
+            sep = self.cfg.sep_token
+            sep = SpecialTokens.of(self.cfg.vocab_size).sep if sep is None else sep
             types = segments(tokens, sep, self.cfg.type_vocab_size)
             x = x + self.wtt(jax.nn.one_hot(types, self.cfg.type_vocab_size, dtype=x.dtype))
         return self.ln_emb(x)
 
     def logits(self, x: jax.Array) -> jax.Array:
-        """``x @ wte.T + b``: logits over the vocabulary (wide layout)."""
-        return self.wte.attend(x) + self.decoder_bias[...]
-
-    def head_loss(
-        self, x: jax.Array, targets: jax.Array, weights: jax.Array
-    ) -> tuple[jax.Array, jax.Array]:
-        """``(sum of weighted token losses, sum of weights)`` of the stack's output ``x``."""
-        return token_loss_sums(self.logits(x), targets, weights)
-
-    def __call__(self, tokens: jax.Array, positions: jax.Array) -> jax.Array:
-        """Logits ``[b, s, vocab]`` at every position."""
-        return self.logits(self.blocks(self.embed(tokens, positions), positions))
-
-    def loss(
-        self, tokens: jax.Array, positions: jax.Array, targets: jax.Array, weights: jax.Array
-    ) -> jax.Array:
-        """Mean cross-entropy over the positions with nonzero ``weights`` (the masked ones)."""
-        x = self.blocks(self.embed(tokens, positions), positions)
-        total, count = self.head_loss(x, targets, weights)
-        return total / jnp.maximum(count, 1.0)
+        """``LN(gelu(x @ W + c)) @ wte.T + b``: logits over the vocabulary (wide layout)."""
+        y = jax.nn.gelu(self.transform(x), approximate=self.cfg.gelu == "tanh")
+        return self.wte.attend(self.ln_transform(y)) + self.decoder_bias[...]

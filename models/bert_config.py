@@ -24,8 +24,11 @@ class BertConfig:
         number of ``[SEP]`` tokens before it in its sequence (0 for the first segment, 1 for the
         second), so it needs the whole sequence on every device (no ``seq`` split).
       eps: layer-norm epsilon (the paper's 1e-12).
-      gelu: the MLP's GeLU, ``"tanh"`` (approximation) or ``"exact"`` (erf, the paper's and
-        HF's ``"gelu"``).
+      gelu: the GeLU of the MLP and of the MLM transform, ``"tanh"`` (approximation) or
+        ``"exact"`` (erf, the paper's and HF's ``"gelu"``).
+      sep_token: the ``[SEP]`` id that token types count; ``None``: the last four ids of the
+        vocabulary are the special tokens (:mod:`colossal_jax.masked_lm`) and ``[SEP]`` is the
+        second of them. A WordPiece vocabulary's is 102 (``--set model.sep_token=102``).
     """
 
     vocab_size: int = 30522
@@ -37,6 +40,7 @@ class BertConfig:
     type_vocab_size: int = 2
     eps: float = 1e-12
     gelu: str = "tanh"
+    sep_token: int | None = None
 
     def __post_init__(self):
         if self.gelu not in ("tanh", "exact"):
@@ -52,19 +56,20 @@ class BertConfig:
         return self.mlp_ratio * self.n_embd
 
     def matmul_params(self) -> int:
-        """Parameters in matmuls (every linear and the MLM decoder, whose matmul runs though its
-        weights are the token embedding's), the N of ``6·N`` FLOPs."""
+        """Parameters in matmuls (every linear, the MLM transform and decoder, whose matmul runs
+        though its weights are the token embedding's), the N of ``6·N`` FLOPs."""
         h, w = self.n_embd, self.mlp_width
-        return self.n_layer * (4 * h * h + 2 * h * w) + h * self.vocab_size
+        return self.n_layer * (4 * h * h + 2 * h * w) + h * h + h * self.vocab_size
 
     def param_count(self) -> int:
         """Parameters of ``models.bert.Bert(self)``: token, position and type embeddings with
-        their layer norm, the post-LN layers, and the MLM decoder's bias (its weights are the
-        token embedding's)."""
+        their layer norm, the post-LN layers, the MLM decoder's bias (its weights are the
+        token embedding's) and its transform (dense and layer norm)."""
         h, w, v = self.n_embd, self.mlp_width, self.vocab_size
         layer = 4 * h * h + 4 * h + 2 * h * w + w + h + 4 * h  # attention, MLP, two layer norms
         embeddings = (v + self.block_size + self.type_vocab_size) * h + 2 * h
-        return embeddings + self.n_layer * layer + v
+        transform = h * h + h + 2 * h
+        return embeddings + self.n_layer * layer + transform + v
 
     def flops_per_token(self, seq_len: int) -> float:
         """Training FLOPs per token: ``6·N + 12·L·s·h`` (docs/formulas.md); the decoder runs on

@@ -14,7 +14,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from colossal_jax.layers import MLP, Dense, Embed, LayerNorm, SelfAttention, Stack
-from colossal_jax.layers.core import token_loss_sums
+from colossal_jax.layers.model import SequenceModel
 from models.configs import MODELS, GPTConfig, model_config
 
 __all__ = ["GPT", "Block", "GPTConfig", "MODELS", "model_config", "count_params"]
@@ -41,7 +41,7 @@ class Block(nnx.Module):
         return x + self.mlp(self.ln2(x))
 
 
-class GPT(nnx.Module):
+class GPT(SequenceModel):
     """``embed → blocks → head``: the three parts a pipeline schedule, gradient accumulation and
     remat wrap. ``blocks`` is a :class:`Stack` (stacked parameters, run by a scan)."""
 
@@ -64,24 +64,6 @@ class GPT(nnx.Module):
 
     def logits(self, x: jax.Array) -> jax.Array:
         return self.lm_head(self.ln_f(x))
-
-    def head_loss(
-        self, x: jax.Array, targets: jax.Array, weights: jax.Array
-    ) -> tuple[jax.Array, jax.Array]:
-        """``(sum of weighted token losses, sum of weights)`` of the stack's output ``x``."""
-        return token_loss_sums(self.logits(x), targets, weights)
-
-    def __call__(self, tokens: jax.Array, positions: jax.Array) -> jax.Array:
-        """Logits ``[b, s, vocab]`` for token ids and their positions, both ``[b, s]``."""
-        return self.logits(self.blocks(self.embed(tokens, positions), positions))
-
-    def loss(
-        self, tokens: jax.Array, positions: jax.Array, targets: jax.Array, weights: jax.Array
-    ) -> jax.Array:
-        """Mean next-token cross-entropy over tokens with nonzero ``weights``."""
-        x = self.blocks(self.embed(tokens, positions), positions)
-        total, count = self.head_loss(x, targets, weights)
-        return total / jnp.maximum(count, 1.0)
 
 
 def count_params(state) -> int:

@@ -11,11 +11,10 @@ Initialisation as the reference implementation's: normal(0.02) for every weight,
 from __future__ import annotations
 
 import jax
-import jax.numpy as jnp
 from flax import nnx
 
 from colossal_jax.layers import Dense, Embed, RMSNorm, SelfAttention, Stack, SwiGLU
-from colossal_jax.layers.core import token_loss_sums
+from colossal_jax.layers.model import SequenceModel
 from models.llama_config import LLAMA_MODELS, LlamaConfig, llama_config
 
 __all__ = ["Llama", "LlamaBlock", "LlamaConfig", "LLAMA_MODELS", "llama_config"]
@@ -43,7 +42,7 @@ class LlamaBlock(nnx.Module):
         return x + self.mlp(self.mlp_norm(x))
 
 
-class Llama(nnx.Module):
+class Llama(SequenceModel):
     """``embed → blocks → head``, the three parts a pipeline schedule, gradient accumulation and
     remat wrap (the interface of :class:`models.gpt.GPT`)."""
 
@@ -68,21 +67,3 @@ class Llama(nnx.Module):
     def logits(self, x: jax.Array) -> jax.Array:
         x = self.norm(x)
         return self.wte.attend(x) if self.lm_head is None else self.lm_head(x)
-
-    def head_loss(
-        self, x: jax.Array, targets: jax.Array, weights: jax.Array
-    ) -> tuple[jax.Array, jax.Array]:
-        """``(sum of weighted token losses, sum of weights)`` of the stack's output ``x``."""
-        return token_loss_sums(self.logits(x), targets, weights)
-
-    def __call__(self, tokens: jax.Array, positions: jax.Array) -> jax.Array:
-        """Logits ``[b, s, vocab]`` for token ids and their positions, both ``[b, s]``."""
-        return self.logits(self.blocks(self.embed(tokens, positions), positions))
-
-    def loss(
-        self, tokens: jax.Array, positions: jax.Array, targets: jax.Array, weights: jax.Array
-    ) -> jax.Array:
-        """Mean next-token cross-entropy over tokens with nonzero ``weights``."""
-        x = self.blocks(self.embed(tokens, positions), positions)
-        total, count = self.head_loss(x, targets, weights)
-        return total / jnp.maximum(count, 1.0)

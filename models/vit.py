@@ -21,7 +21,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from colossal_jax.layers import MLP, Dense, Embed, FeatureEmbed, LayerNorm, SelfAttention, Stack
-from colossal_jax.layers.core import token_loss_sums
+from colossal_jax.layers.model import SequenceModel
 from models.vit_config import VIT_MODELS, ViTConfig
 
 __all__ = ["VIT_MODELS", "Block", "ViT", "ViTConfig"]
@@ -44,7 +44,7 @@ class Block(nnx.Module):
         return x + self.mlp(self.ln2(x))
 
 
-class ViT(nnx.Module):
+class ViT(SequenceModel):
     """``embed → blocks → head``; ``blocks`` is a :class:`Stack`."""
 
     def __init__(self, cfg: ViTConfig, *, rngs: nnx.Rngs, unroll: bool | None = None):
@@ -74,20 +74,3 @@ class ViT(nnx.Module):
     def logits(self, x: jax.Array) -> jax.Array:
         """Class logits ``[b, s, vocab_size]`` (the first ``num_classes`` are the classes)."""
         return self.head(self.ln_f(x))
-
-    def head_loss(
-        self, x: jax.Array, targets: jax.Array, weights: jax.Array
-    ) -> tuple[jax.Array, jax.Array]:
-        """``(sum of weighted losses, sum of weights)``: the class token's cross-entropy."""
-        return token_loss_sums(self.logits(x), targets, weights)
-
-    def __call__(self, tokens: jax.Array, positions: jax.Array) -> jax.Array:
-        return self.logits(self.blocks(self.embed(tokens, positions), positions))
-
-    def loss(
-        self, tokens: jax.Array, positions: jax.Array, targets: jax.Array, weights: jax.Array
-    ) -> jax.Array:
-        """Mean classification loss over the examples (the positions with nonzero weight)."""
-        x = self.blocks(self.embed(tokens, positions), positions)
-        total, count = self.head_loss(x, targets, weights)
-        return total / jnp.maximum(count, 1.0)

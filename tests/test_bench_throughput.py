@@ -53,6 +53,13 @@ def test_bench_throughput_record(tmp_path):
     assert record["loop"]["steps"] == 2 and record["loop"]["sync_loop_tokens_per_s"] > 0
     assert record["loop"]["loop_s_source"] == "Summary.loop_s"
 
+    from scripts.perf_tables import loop_table, throughput_table
+
+    row = throughput_table([record]).splitlines()[2]
+    assert row.startswith(f"| `{flags[1]}`") and f"**{record['ratio']:.3f}**" in row
+    row = loop_table([record]).splitlines()[2]
+    assert f"**{100 * record['outside_step_fraction']:.1f}%**" in row
+
 
 def test_bench_refuses_what_its_baseline_cannot_mirror(tmp_path, capsys):
     out = str(tmp_path / "bench.json")

@@ -188,7 +188,7 @@ def test_directory_rules(hf_dir, tmp_path):
     with pytest.raises(ConfigError, match="no weights"):
         rules.check_init_from_hf(_config(other))
     (other / "config.json").write_text(json.dumps({**config, "model_type": "t5"}))
-    with pytest.raises(ConfigError, match="'t5' model.*mapped families are gpt2"):
+    with pytest.raises(ConfigError, match="'t5' model.*mapped families are bert, gpt2"):
         rules.check_init_from_hf(_config(other))
     with pytest.raises(ConfigError, match="has token ids up to 255.*vocabulary of 128"):
         rules.resolve_model(dataclasses.replace(_config(path), data="stdlib"), 256)

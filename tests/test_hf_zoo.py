@@ -68,6 +68,37 @@ def _text_batch(vocab: int, seq: int):
     return batch
 
 
+def _bert():
+    config = transformers.BertConfig(
+        vocab_size=128,
+        hidden_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        intermediate_size=128,
+        max_position_embeddings=32,
+        type_vocab_size=2,
+    )
+    return transformers.BertForMaskedLM(config)
+
+
+def _bert_batch(rng):
+    """``[CLS] A [SEP] B [SEP]`` with our special ids (the last four of 128); HF is given the
+    token types our model computes from the ``[SEP]`` tokens."""
+    from colossal_jax.masked_lm import SpecialTokens
+
+    special = SpecialTokens.of(128)
+    tokens = rng.integers(0, special.cls, (BATCH, 16), np.int32)
+    tokens[:, 0], tokens[:, 6], tokens[:, 15] = special.cls, special.sep, special.sep
+    tokens[1, 3] = special.mask
+    types = (np.cumsum(tokens == special.sep, axis=1) - (tokens == special.sep)).clip(max=1)
+    positions = np.broadcast_to(np.arange(16, dtype=np.int32), tokens.shape)
+    inputs = {
+        "input_ids": torch.from_numpy(tokens).long(),
+        "token_type_ids": torch.from_numpy(types).long(),
+    }
+    return tokens, positions, inputs
+
+
 def _vit():
     config = transformers.ViTConfig(
         image_size=8,
@@ -93,6 +124,7 @@ def _image_batch(rng):
 
 
 CASES = {
+    "bert": Case("bert-tiny", "synthetic", 16, _bert, _bert_batch),
     "llama": Case("llama-tiny", "synthetic", 16, _llama, _text_batch(128, 16)),
     "vit": Case("vit-tiny", "shapes", 5, _vit, _image_batch, lambda x: x[:, 0, :10]),
 }

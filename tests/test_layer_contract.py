@@ -16,7 +16,14 @@ from flax import nnx
 from jax.sharding import NamedSharding
 
 from colossal_jax.config import ParallelConfig
-from colossal_jax.layers import Embed, RMSNorm, SelfAttention, SwiGLU, use_parallelism
+from colossal_jax.layers import (
+    Embed,
+    HiddenDense,
+    RMSNorm,
+    SelfAttention,
+    SwiGLU,
+    use_parallelism,
+)
 from colossal_jax.layers.rope import apply_rope
 from colossal_jax.mesh import build_mesh
 from colossal_jax.sequence.local import dot_product_attention
@@ -58,8 +65,8 @@ def token_ids(positions):
 
 class Block(nnx.Module):
     """Every new layer once: RMSNorm, grouped-query attention (RoPE, biases of both widths, the
-    model's mask), SwiGLU, and an embedding table used twice, as the lookup and as the tied LM
-    head. Returns each layer's output."""
+    model's mask), SwiGLU, an embedding table used twice, as the lookup and as the tied LM
+    head, and a hidden-to-hidden linear of the residual stream. Returns each layer's output."""
 
     causal = True
 
@@ -70,12 +77,13 @@ class Block(nnx.Module):
             H, HEADS, kv_heads=KV, rngs=rngs, rope_theta=10000.0, causal=self.causal
         )
         self.mlp = SwiGLU(H, W, rngs=rngs)
+        self.transform = HiddenDense(H, rngs=rngs, init_std=0.3)
 
     def __call__(self, x, positions):
         h = self.norm(x + self.embed(token_ids(positions)))
         a = self.attn(h, positions)
         y = self.mlp(h)
-        return h, a, y, self.embed.attend(a + y)
+        return h, a, y, self.embed.attend(a + y), self.transform(a + y)
 
 
 class BidirectionalBlock(Block):
@@ -174,7 +182,7 @@ def test_single_device_layers_match_the_formulas():
     multi-head attention on key/value heads repeated ``HEADS/KV`` times)."""
     block = Block(nnx.Rngs(0))
     x, positions = _inputs()
-    h, a, y, logits = _reference_run(Block)[0]  # the outputs the other tests compare with
+    h, a, y, logits, t = _reference_run(Block)[0]  # the outputs the other tests compare with
     table = np.asarray(block.embed.table[...])
     x = np.asarray(x) + table[np.asarray(token_ids(positions))]
     rms = np.sqrt(np.mean(np.square(x), axis=-1, keepdims=True) + block.norm.eps)
@@ -203,6 +211,31 @@ def test_single_device_layers_match_the_formulas():
     want_a = o @ np.asarray(at.out.kernel[...]) + np.asarray(at.out.bias[...])
     np.testing.assert_allclose(a, want_a, **TOL)
     np.testing.assert_allclose(logits, (want_a + np.asarray(y)) @ table.T, **TOL)
+    tr = block.transform
+    want_t = (want_a + np.asarray(y)) @ np.asarray(tr.kernel[...]) + np.asarray(tr.bias[...])
+    np.testing.assert_allclose(t, want_t, **TOL)
+
+
+class PerStageTransform(nnx.Module):
+    """A hidden-to-hidden linear traced as inside a pipeline's per-stage branches."""
+
+    def __init__(self, rngs: nnx.Rngs):
+        self.norm = RMSNorm(H)
+        self.transform = HiddenDense(H, rngs=rngs, init_std=0.3)
+
+    def __call__(self, x, positions):
+        from colossal_jax.tensor.layout import per_stage_branches
+
+        with per_stage_branches():
+            return (self.transform(self.norm(x)),)
+
+
+@pytest.mark.parametrize("name", ["1d-t4-data2", "3d-q2"])
+def test_hidden_dense_inside_pipeline_branches(name):
+    """3D re-cuts the residual for a hidden-to-hidden linear by a grid transpose, or, inside a
+    pipeline's per-stage branches (no ``ppermute``), by gathers and slices: same values and
+    gradients as one device."""
+    _compare(name, PerStageTransform)
 
 
 def test_tied_head_inside_pipeline_branches():

@@ -23,6 +23,7 @@ from typing import Any
 from colossal_jax.config import ConfigError
 
 FAMILIES: dict[str, str] = {
+    "bert": "colossal_jax.hf.bert",
     "gpt2": "colossal_jax.hf.gpt2",
     "llama": "colossal_jax.hf.llama",
     "vit": "colossal_jax.hf.vit",

@@ -5,6 +5,7 @@ from colossal_jax.layers.core import (
     MLP,
     Dense,
     Embed,
+    HiddenDense,
     LayerNorm,
     RMSNorm,
     SelfAttention,
@@ -12,6 +13,7 @@ from colossal_jax.layers.core import (
     cross_entropy,
 )
 from colossal_jax.layers.features import FeatureEmbed
+from colossal_jax.layers.model import SequenceModel
 from colossal_jax.layers.stack import Stack, apply_layers, stacked_filter
 
 
@@ -27,10 +29,12 @@ __all__ = [
     "Dense",
     "Embed",
     "FeatureEmbed",
+    "HiddenDense",
     "LayerNorm",
     "Parallelism",
     "RMSNorm",
     "SelfAttention",
+    "SequenceModel",
     "Stack",
     "SwiGLU",
     "apply_layers",

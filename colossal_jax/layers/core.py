@@ -1,4 +1,5 @@
-"""The only layers models use: Dense, LayerNorm, RMSNorm, Embed, SelfAttention, MLP, SwiGLU.
+"""The only layers models use: Dense, HiddenDense, LayerNorm, RMSNorm, Embed, SelfAttention, MLP,
+SwiGLU.
 
 Each parameter is created with a ``role`` that the sharding rules map to the active layout's
 PartitionSpec, and each call is routed to the active layout's kernel. ``kind="in"`` linears go
@@ -45,6 +46,24 @@ class Dense(nnx.Module):
     def __call__(self, x: jax.Array) -> jax.Array:
         b = None if self.bias is None else self.bias[...]
         return active().layout.linear(x, self.kernel[...], b, self.kind)
+
+
+class HiddenDense(nnx.Module):
+    """``y = x @ W + b`` with ``W: [h, h]`` from the residual stream back to it (BERT's masked-LM
+    transform). The residual is re-cut to the wide layout
+    (:meth:`~colossal_jax.tensor.layout.TensorLayout.residual_to_wide`) and multiplied by the
+    ``"out"`` kernel, whose ``[h, h]`` weight is split as attention's output projection."""
+
+    def __init__(self, features: int, *, rngs: nnx.Rngs, init_std: float = 0.02):
+        self.kernel = nnx.Param(
+            _normal(init_std)(rngs.params(), (features, features), jnp.float32),
+            role="weight_out",
+        )
+        self.bias = nnx.Param(jnp.zeros((features,), jnp.float32), role="bias_out")
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        layout = active().layout
+        return layout.linear(layout.residual_to_wide(x), self.kernel[...], self.bias[...], "out")
 
 
 class LayerNorm(nnx.Module):

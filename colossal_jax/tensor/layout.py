@@ -258,6 +258,19 @@ class TensorLayout(abc.ABC):
             return [self.linear(x, w, None, kind) for w in ws]
         return [self.linear(x, w, b, kind) for w, b in zip(ws, bs, strict=True)]
 
+    def residual_to_wide(self, x: jax.Array) -> jax.Array:
+        """The residual-layout ``x: [b, s, h]`` re-cut to the wide layout (its hidden dimension
+        split as an ``"out"`` linear's input), so a hidden-to-hidden linear
+        (:class:`colossal_jax.layers.HiddenDense`: the ``"out"`` kernel on it) maps the
+        residual stream to itself. Where the two layouts are one (no tensor split, 2D, 2.5D)
+        this is ``x`` itself: no communication, no copy; 1D and 3D override it."""
+        if self.residual_spec() != self.wide_spec():
+            raise NotImplementedError(
+                f"tensor mode {self.mode!r} splits the residual ({self.residual_spec()}) and the "
+                f"wide activations ({self.wide_spec()}) differently but has no residual_to_wide"
+            )
+        return x
+
     @abc.abstractmethod
     def layer_norm(self, x: jax.Array, scale: jax.Array, bias: jax.Array, eps: float) -> jax.Array:
         """LayerNorm over the (possibly split) hidden dimension of a residual-layout ``x``."""

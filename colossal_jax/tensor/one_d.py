@@ -30,6 +30,7 @@ from colossal_jax.tensor.grid import GridLayout
 from colossal_jax.tensor.kernels import token_matmul, varying
 from colossal_jax.tensor.layout import (
     LinearKind,
+    sharded,
     spec_axes,
 )
 
@@ -72,6 +73,20 @@ class OneDLayout(GridLayout):
 
     def embedding_spec(self) -> P:
         return P(self.t, None)
+
+    def residual_to_wide(self, x):
+        """The replicated residual's hidden block of this device (``h/p`` columns, block index
+        = linear index over ``t``): a slice, no communication; its transpose sums the input
+        gradient's blocks over ``t`` (one all-reduce of ``M·N``, as a column linear's input
+        gradient). Memory: the ``M·N/p`` slice."""
+        t, p = self.t, self.p
+
+        def body(x):
+            n = x.shape[-1] // p
+            x = varying(x, t)
+            return jax.lax.dynamic_slice_in_dim(x, jax.lax.axis_index(t) * n, n, axis=2)
+
+        return sharded(body, self.mesh, (self.residual_spec(),), self.wide_spec())(x)
 
     # ---- per-device linear pieces (see GridLayout.linears) -----------------------------------
     def _gather_input(self, x, kind: LinearKind):

@@ -40,10 +40,11 @@ from jax.sharding import PartitionSpec as P
 from colossal_jax import rules
 from colossal_jax.tensor.collective_matmul import block, ring_all_gather, ring_reduce_scatter
 from colossal_jax.tensor.grid import GridLayout
-from colossal_jax.tensor.kernels import token_matmul, varying
+from colossal_jax.tensor.kernels import grid_transpose, token_matmul, varying
 from colossal_jax.tensor.layout import (
     ActivationAxes,
     LinearKind,
+    in_per_stage_branches,
     sharded,
     spec_axes,
 )
@@ -129,6 +130,28 @@ class ThreeDLayout(GridLayout):
         return sharded(
             body, self.mesh, (self.residual_spec(), self.embedding_spec()), self.wide_spec()
         )(x, table)
+
+    def residual_to_wide(self, x):
+        """Layout A ``X[(b, i, j), s, (k)]`` to layout B ``X[(b, i, k), s, (j)]``: device
+        ``(i, j, k)`` needs batch block ``(i, k)`` and hidden block ``j``, which device
+        ``(i, k, j)`` holds — a transpose of the ``(j, k)`` grid, one ``ppermute`` of the
+        ``M·N/q³`` block (:func:`~colossal_jax.tensor.kernels.grid_transpose`). Inside a
+        pipeline's per-stage branches (no ``ppermute`` there,
+        :func:`colossal_jax.tensor.layout.in_per_stage_branches`): all-gather the batch over
+        ``j`` and the hidden over ``k`` and slice out the block (``(q−1)·M·N/q³ + (q−1)·M·N/q²``
+        elements, transient ``M·N/q``). Backward: the same movement reversed."""
+        per_stage = in_per_stage_branches()
+
+        def body(x):
+            if not per_stage:
+                return grid_transpose(x, self.j, self.k)
+            b, n = x.shape[0], x.shape[2]
+            x = jax.lax.all_gather(x, self.j, axis=0, tiled=True)  # batch (b, i)
+            x = jax.lax.all_gather(x, self.k, axis=2, tiled=True)  # hidden whole
+            x = jax.lax.dynamic_slice_in_dim(x, jax.lax.axis_index(self.k) * b, b, axis=0)
+            return jax.lax.dynamic_slice_in_dim(x, jax.lax.axis_index(self.j) * n, n, axis=2)
+
+        return sharded(body, self.mesh, (self.residual_spec(),), self.wide_spec())(x)
 
     def _collective_products(self, x, ws, kind: LinearKind):
         """The plain algorithm with its larger activation collective on a ring: the
