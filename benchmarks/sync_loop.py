@@ -29,6 +29,10 @@ class LoopTiming:
 
     steps: int
     loop_s: float
+    host_s: float
+    """``loop_s`` less the time inside the step's call and ``float(loss)``'s wait"""
+    step_times: list[float]
+    """each iteration's wall time, batch building included"""
     tokens_per_s: float
     losses: list[float]
     params: Any
@@ -54,13 +58,17 @@ def sync_loop(
     n_dev = run.mesh.size
     guard = Guard(skipped=None)
     losses: list[float] = []
+    step_times: list[float] = []
+    in_step = 0.0
     t_loop = time.perf_counter()
     for step in range(start, start + steps):
+        t_iter = time.perf_counter()
         batch = global_batch(run, step)
         t0 = time.perf_counter()
         params, opt_state, out = compiled(params, opt_state, batch)
         loss = float(out["loss"])
         dt = time.perf_counter() - t0
+        in_step += dt
         losses.append(loss)
         record = {
             "step": step + 1,
@@ -76,5 +84,15 @@ def sync_loop(
             raise RuntimeError(f"the synchronous loop diverged at step {step + 1}: {bad}")
         if (mem := device_memory()) is not None:
             record["peak_bytes_in_use"] = mem["peak_bytes_in_use"]
+        step_times.append(time.perf_counter() - t_iter)
     loop_s = time.perf_counter() - t_loop
-    return LoopTiming(steps, loop_s, steps * tokens_per_step / loop_s, losses, params, opt_state)
+    return LoopTiming(
+        steps,
+        loop_s,
+        loop_s - in_step,
+        step_times,
+        steps * tokens_per_step / loop_s,
+        losses,
+        params,
+        opt_state,
+    )

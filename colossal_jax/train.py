@@ -35,7 +35,7 @@ from colossal_jax.divergence import Diverged, Guard, stop_line
 from colossal_jax.layers import use_parallelism
 from colossal_jax.mesh import build_mesh
 from colossal_jax.metrics import MetricsWriter, device_memory, peak_flops
-from colossal_jax.optim import make_optimizer, schedule
+from colossal_jax.optim import make_optimizer, schedule_values
 from colossal_jax.profiling import StepProfiler
 from colossal_jax.rules import grad_accum_of, resolve_model, uses_zigzag
 from colossal_jax.sharding import make_layout, make_local_attention, tree_shardings
@@ -541,6 +541,15 @@ class Summary:
       compile_s, wall_s: compile time of the train step; wall time of the whole call.
       loop_s: wall time of the step loop, without its evaluations and checkpoint saves (the
         harness's time outside the compiled step is ``loop_s`` less the steps' own time).
+      host_s: the part of ``loop_s`` the host spent on its own work: neither inside the
+        compiled step's call (which returns at once where dispatch is asynchronous, as on a GPU,
+        and after the step where it is not, as for multi-device programs on a CPU) nor waiting
+        for a step's results. Where dispatch is asynchronous this work overlaps the steps in
+        flight, so ``host_s / loop_s`` bounds from above the share of the loop the device
+        waited on the host.
+      step_times: seconds of each step this call ran, as the host saw them: from its dispatch,
+        or from the previous step's results if later, to its own results (the first step's
+        includes the new executable's first-run set-up).
       eval_losses: ``(step, held-out loss)`` of every evaluation (step 0: before training);
         first_eval_loss, final_eval_loss: its ends (None when evaluation is off).
       eval_accuracies: ``(step, held-out accuracy)`` of every evaluation of an image classifier
@@ -561,6 +570,8 @@ class Summary:
     compile_s: float
     wall_s: float
     loop_s: float = 0.0
+    step_times: list[float] = field(default_factory=list)
+    host_s: float = 0.0
     eval_losses: list[tuple[int, float]] = field(default_factory=list)
     first_eval_loss: float | None = None
     final_eval_loss: float | None = None
@@ -680,7 +691,7 @@ def _train(
         log(f"compiled the train step in {compile_s:.1f}s")
     _stop_if_signalled(ckpt, start_step, started=False)
 
-    lr_at = schedule(cfg.optim, cfg.steps)
+    lr_values = schedule_values(cfg.optim, cfg.steps, start_step, cfg.steps)
     tokens_per_step = cfg.batch_size * cfg.seq_len
     flops_per_step = run.model.flops_per_token(cfg.seq_len) * tokens_per_step
     peak = cfg.peak_tflops * 1e12 if cfg.peak_tflops else peak_flops()
@@ -706,29 +717,34 @@ def _train(
     writer = MetricsWriter(cfg.metrics_file, cfg.tensorboard_dir, resume_step=start_step)
     bar = None
     losses: list[float] = []
+    step_times: list[float] = []
     timed_tokens, timed_seconds = 0, 0.0
     step = start_step
     profiler = StepProfiler.of(cfg)  # --profile-dir: a trace of --profile-steps
     agreed_signal = 0  # the largest stop flag of any process, once one is seen
     last_done = 0.0  # when the host last saw a step's results
     paused = 0.0  # seconds of the loop spent in evaluation and checkpoint saves
+    in_step = 0.0  # seconds of the loop inside the compiled step's call or waiting for results
 
     def finish(at: int, out: dict, dispatched: float) -> None:
         """Read step ``at``'s metrics (waiting for it), check them, log them."""
-        nonlocal timed_tokens, timed_seconds, last_done, agreed_signal
+        nonlocal timed_tokens, timed_seconds, last_done, agreed_signal, in_step
+        t_wait = time.perf_counter()
         host = jax.device_get(out)
         now = time.perf_counter()
+        in_step += now - t_wait
         dt = now - max(last_done, dispatched)  # back to back: the interval between results
         last_done = now
         loss = float(host["loss"])
         losses.append(loss)
         timed_tokens += tokens_per_step
         timed_seconds += dt
+        step_times.append(dt)
         tps = tokens_per_step / dt
         record = {
             "step": at,
             "loss": loss,
-            "lr": float(lr_at(at - 1)),
+            "lr": float(lr_values[at - 1 - start_step]),
             "grad_norm": float(host["grad_norm"]),
             "step_time_s": dt,
             "tokens_per_s": tps,
@@ -790,8 +806,10 @@ def _train(
         while step < cfg.steps:
             watchdog.arm(f"step {step + 1}")  # through its evaluation and save
             profiler.step(step + 1, pending=params)
+            t_call = time.perf_counter()
             params, opt_state, out = compiled(params, opt_state, next_batch)
             dispatched = time.perf_counter()
+            in_step += dispatched - t_call
             step += 1
             evaluated = eval_fn is not None and (step % cfg.eval_every == 0 or step == cfg.steps)
             saved = ckpt is not None and ckpt.due(step)
@@ -822,6 +840,7 @@ def _train(
                 log_records()
             watchdog.disarm()
         loop_s = time.perf_counter() - loop_start - paused
+        host_s = loop_s - in_step
     finally:
         profiler.close(pending=params)
         watchdog.disarm()
@@ -852,6 +871,8 @@ def _train(
         compile_s=compile_s,
         wall_s=time.perf_counter() - t_start,
         loop_s=loop_s,
+        step_times=step_times,
+        host_s=host_s,
         eval_losses=eval_losses,
         first_eval_loss=eval_losses[0][1] if eval_losses else None,
         final_eval_loss=eval_losses[-1][1] if eval_losses else None,

@@ -38,7 +38,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from colossal_jax.hf.mapping import ParamMap, Piece
+from colossal_jax.hf.mapping import ParamMap, Piece, layer_pieces
 
 MODEL_TYPE = "bert"
 ARCHITECTURE = "BertForMaskedLM"
@@ -150,17 +150,14 @@ def param_map(arch: dict[str, Any], *, tied: bool) -> ParamMap:
         "ln_transform.bias": Piece(head + "transform.LayerNorm.bias"),
         "decoder_bias": Piece(head + "bias"),
     }
-    for ours, theirs in (("ln1", "attention.output.LayerNorm"), ("ln2", "output.LayerNorm")):
-        pmap[f"blocks.layers.{ours}.scale"] = Piece(f"{layer}{theirs}.weight")
-        pmap[f"blocks.layers.{ours}.bias"] = Piece(f"{layer}{theirs}.bias")
-    for ours, theirs in (
+    linears = (
         ("attn.query", "attention.self.query"),
         ("attn.key", "attention.self.key"),
         ("attn.value", "attention.self.value"),
         ("attn.out", "attention.output.dense"),
         ("mlp.up", "intermediate.dense"),
         ("mlp.down", "output.dense"),
-    ):
-        pmap[f"blocks.layers.{ours}.kernel"] = Piece(f"{layer}{theirs}.weight", transpose=True)
-        pmap[f"blocks.layers.{ours}.bias"] = Piece(f"{layer}{theirs}.bias")
+    )
+    norms = (("ln1", "attention.output.LayerNorm"), ("ln2", "output.LayerNorm"))
+    pmap.update(layer_pieces(layer, norms, linears))
     return pmap

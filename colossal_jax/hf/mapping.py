@@ -108,6 +108,23 @@ ParamMap = dict[str, Piece]
 """Our parameter's dotted path -> its :class:`Piece`."""
 
 
+def layer_pieces(
+    layer: str, norms: tuple[tuple[str, str], ...], linears: tuple[tuple[str, str], ...]
+) -> ParamMap:
+    """The pieces of an encoder layer stack (BERT, ViT) whose HF modules are ``nn.LayerNorm``
+    (``weight``/``bias`` -> our ``scale``/``bias``) and ``nn.Linear`` (``weight``ᵀ/``bias`` ->
+    our ``kernel``/``bias``): ``(ours, theirs)`` module names, ``layer`` the HF prefix of layer
+    ``{i}``."""
+    pmap: ParamMap = {}
+    for ours, theirs in norms:
+        pmap[f"blocks.layers.{ours}.scale"] = Piece(f"{layer}{theirs}.weight")
+        pmap[f"blocks.layers.{ours}.bias"] = Piece(f"{layer}{theirs}.bias")
+    for ours, theirs in linears:
+        pmap[f"blocks.layers.{ours}.kernel"] = Piece(f"{layer}{theirs}.weight", transpose=True)
+        pmap[f"blocks.layers.{ours}.bias"] = Piece(f"{layer}{theirs}.bias")
+    return pmap
+
+
 def source_shape(piece: Piece, tensors: Mapping[str, np.ndarray], n_layer: int) -> tuple:
     """The shape our parameter gets from ``tensors`` (leading ``n_layer`` when stacked)."""
     one = piece.oriented(tensors[piece.hf_name(0)]).shape

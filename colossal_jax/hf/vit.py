@@ -36,7 +36,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from colossal_jax.hf.mapping import ParamMap, Piece
+from colossal_jax.hf.mapping import ParamMap, Piece, layer_pieces
 
 MODEL_TYPE = "vit"
 ARCHITECTURE = "ViTForImageClassification"
@@ -154,17 +154,15 @@ def param_map(arch: dict[str, Any], *, tied: bool) -> ParamMap:
         ),
         "head.bias": Piece("classifier.bias", pad=(0, cfg.vocab_size), hf_shape=(classes,)),
     }
-    for ours, theirs in (("ln1", "layernorm_before"), ("ln2", "layernorm_after")):
-        pmap[f"blocks.layers.{ours}.scale"] = Piece(f"{layer}{theirs}.weight")
-        pmap[f"blocks.layers.{ours}.bias"] = Piece(f"{layer}{theirs}.bias")
-    for ours, theirs in (
+    linears = (
         ("attn.query", "attention.attention.query"),
         ("attn.key", "attention.attention.key"),
         ("attn.value", "attention.attention.value"),
         ("attn.out", "attention.output.dense"),
         ("mlp.up", "intermediate.dense"),
         ("mlp.down", "output.dense"),
-    ):
-        pmap[f"blocks.layers.{ours}.kernel"] = Piece(f"{layer}{theirs}.weight", transpose=True)
-        pmap[f"blocks.layers.{ours}.bias"] = Piece(f"{layer}{theirs}.bias")
+    )
+    pmap.update(
+        layer_pieces(layer, (("ln1", "layernorm_before"), ("ln2", "layernorm_after")), linears)
+    )
     return pmap
