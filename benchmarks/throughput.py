@@ -18,20 +18,20 @@ Measurements (every figure of one record comes from one invocation):
   aliased + temporaries), on a GPU ``device.memory_stats()['peak_bytes_in_use']``.
 - **compile time**: lowering and compiling each side's step (PyTorch: its first step).
 - **the loop**: ``colossal_jax.train.train`` runs ``--steps`` steps (no evaluation, no
-  checkpoints); ``outside_step_fraction = Summary.host_s / Summary.loop_s``, the share of the
-  loop's wall time the host spent neither in the compiled step's call nor waiting for a step's
-  results (measured directly, step by step; where dispatch is asynchronous that work overlaps
-  the steps in flight, so this bounds the device's waiting from above). ``vs_back_to_back``
-  holds the differential form, ``1 − step / (loop time per step)``, the loop's time per step
-  being the mean of ``Summary.step_times`` after the first (the first step of ``train()``'s
-  newly compiled executable also runs its first-run set-up; ``…_with_first`` takes
-  ``Summary.loop_s`` over every step) and ``step`` the compiled step dispatched ``--steps``
-  times back to back (one wait at the end), measured before and after — on a shared CPU a
-  difference of two windows taken a minute apart, good to several percent only. Tokens/s of
-  both loops: the mean (``loop_tokens_per_s``) and the median (``median_tokens_per_s``) step;
-  the old synchronous loop
-  (``benchmarks/sync_loop.py``) runs as many steps before and after ``train()``, and both loops'
-  tokens/s are recorded (``sync_outside_step_fraction`` likewise).
+  checkpoints) ``--loop-repeats`` (3) times, alternated with the old loop (each figure the
+  median over the windows); ``outside_step_fraction = Summary.host_s / Summary.loop_s``, the
+  share of the loop's wall time the host spent neither in the compiled step's call nor waiting
+  for a step's results (measured directly, step by step; where dispatch is asynchronous that
+  work overlaps the steps in flight, so this bounds the device's waiting from above).
+  ``vs_back_to_back`` holds the differential form, ``1 − step / (loop time per step)``, the
+  loop's time per step being the mean of ``Summary.step_times`` after the first (the first step
+  of ``train()``'s newly compiled executable also runs its first-run set-up; ``…_with_first``
+  takes ``Summary.loop_s`` over every step) and ``step`` the compiled step dispatched
+  ``--steps`` times back to back (one wait at the end), measured before and after — on a shared
+  CPU a difference of two windows taken a minute apart, good to several percent only. Tokens/s
+  of both loops: the mean (``loop_tokens_per_s``) and the median (``median_tokens_per_s``) step;
+  the old synchronous loop (``benchmarks/sync_loop.py``) runs as many steps before and after
+  ``train()``, and both loops' tokens/s are recorded (``sync_outside_step_fraction`` likewise).
 - **agreement**: the baseline starts from the library's parameters and gets the same batches,
   so its per-step losses follow the library's; ``max_loss_diff`` records the largest difference
   (plain JAX: the same optax optimizer, so a gradient error shows here).
@@ -69,13 +69,19 @@ def add_bench_flags(parser) -> None:
     )
     a("--timed-steps", type=int, default=20, help="timed steps per side (at least 2)")
     a("--bench-warmup", type=int, default=3, help="untimed steps per side before timing")
+    a(
+        "--loop-repeats",
+        type=int,
+        default=3,
+        help="windows of train()'s loop, alternated with the old loop's (figures: medians)",
+    )
     parser.set_defaults(steps=30, eval_every=0, no_progress=True)
 
 
 def check_bench_args(args) -> None:
     from colossal_jax import rules
 
-    rules.check_bench(args.baseline, args.timed_steps, args.bench_warmup)
+    rules.check_bench(args.baseline, args.timed_steps, args.bench_warmup, args.loop_repeats)
 
 
 def stats(times: list[float]) -> dict[str, float]:
@@ -246,16 +252,26 @@ def back_to_back(lib: _LibrarySide, steps: int, start: int) -> float:
     return (time.perf_counter() - t0) / steps
 
 
-def measure_loops(lib: _LibrarySide, cfg: TrainConfig, start: int) -> dict[str, Any]:
-    """``train()``'s loop over ``cfg.steps`` steps (``Summary.step_times`` after the first, and
-    ``Summary.loop_s``: the loop's wall time without evaluation and checkpoint waits), the old
-    synchronous loop over as many steps before and after it (after two untimed steps), and the
-    back-to-back compiled step before and after that (each pair averaged)."""
+def measure_loops(
+    lib: _LibrarySide, cfg: TrainConfig, start: int, repeats: int = 3
+) -> dict[str, Any]:
+    """``train()``'s loop and the old synchronous loop, ``cfg.steps`` steps each, alternating
+    ``repeats`` times (old, train, old, train, …, old: every ``train()`` window has an old-loop
+    window on each side), with the compiled step dispatched back to back before and after.
+    ``train()``'s figures per window: ``Summary.host_s / Summary.loop_s`` and the mean and median
+    of ``Summary.step_times`` after the first (the first also runs the new executable's
+    first-run set-up); the old loop's per window likewise (after two untimed steps). Each
+    figure is the median over the windows: on a machine shared with other jobs one window's
+    speed moves by ±10%, the alternation lets that fall on both loops."""
     from benchmarks.sync_loop import sync_loop
     from colossal_jax.train import train
 
     peak = cfg.peak_tflops * 1e12 if cfg.peak_tflops else None
-    b2b, sync_s, sync_times, sync_host = [], [], [], []
+    tokens = cfg.batch_size * cfg.seq_len
+    b2b: list[float] = []
+    new: dict[str, list[float]] = {k: [] for k in ("host", "mean", "median", "with_first")}
+    old: dict[str, list[float]] = {k: [] for k in ("host", "mean", "median")}
+    firsts, compiles = [], []
 
     def old_loop() -> None:
         nonlocal start
@@ -270,9 +286,19 @@ def measure_loops(lib: _LibrarySide, cfg: TrainConfig, start: int) -> dict[str, 
         )
         lib.params, lib.opt_state = out.params, out.opt_state
         start += cfg.steps
-        sync_s.append(out.loop_s / out.steps)
-        sync_times.extend(out.step_times)
-        sync_host.append(out.host_s / out.loop_s)
+        old["host"].append(out.host_s / out.loop_s)
+        old["mean"].append(out.loop_s / out.steps)
+        old["median"].append(statistics.median(out.step_times))
+
+    def new_loop() -> None:
+        summary = train(cfg, progress=False, log=lambda _: None)
+        steady = summary.step_times[1:] or summary.step_times
+        new["host"].append(summary.host_s / summary.loop_s)
+        new["mean"].append(statistics.mean(steady))
+        new["median"].append(statistics.median(steady))
+        new["with_first"].append(summary.loop_s / summary.steps_run)
+        firsts.append(summary.step_times[0])
+        compiles.append(summary.compile_s)
 
     # untimed: the old loop's first steps compile its schedule's operations one by one
     warm = sync_loop(lib.run, lib.compiled, lib.params, lib.opt_state, start=start, steps=2)
@@ -280,37 +306,32 @@ def measure_loops(lib: _LibrarySide, cfg: TrainConfig, start: int) -> dict[str, 
     start += 2
     b2b.append(back_to_back(lib, cfg.steps, start))
     start += cfg.steps
-    old_loop()
-    summary = train(cfg, progress=False, log=lambda _: None)
+    for _ in range(repeats):
+        old_loop()
+        new_loop()
     old_loop()
     b2b.append(back_to_back(lib, cfg.steps, start))
-    tokens = cfg.batch_size * cfg.seq_len
-    # steady state: the first step also runs the new executable's first-run set-up (the
-    # back-to-back and synchronous loops run an executable that has already run)
-    steady = summary.step_times[1:] or summary.step_times
-    per_step = statistics.mean(steady)
-    sync_per_step = statistics.mean(sync_s)
-    median_step, sync_median = statistics.median(steady), statistics.median(sync_times)
+    med = statistics.median
     return {
-        "host_s": summary.host_s,
-        "host_fraction": summary.host_s / summary.loop_s,
-        "sync_host_fraction": statistics.mean(sync_host),
-        "median_step_s": median_step,
-        "sync_median_step_s": sync_median,
-        "median_tokens_per_s": tokens / median_step,
-        "sync_median_tokens_per_s": tokens / sync_median,
-        "steps": summary.steps_run,
-        "loop_s": summary.loop_s,
-        "loop_s_source": "Summary.loop_s",
-        "loop_step_s": per_step,
-        "loop_step_s_source": "mean of Summary.step_times without the first step",
-        "loop_step_s_with_first": summary.loop_s / summary.steps_run,
-        "first_step_s": summary.step_times[0],
-        "loop_tokens_per_s": tokens / per_step,
-        "train_compile_s": summary.compile_s,
-        "sync_loop_step_s": sync_per_step,
-        "sync_loop_tokens_per_s": tokens / sync_per_step,
+        "repeats": repeats,
+        "steps": cfg.steps,
+        "host_fraction": med(new["host"]),
+        "sync_host_fraction": med(old["host"]),
+        "loop_step_s": med(new["mean"]),
+        "loop_step_s_source": "mean of Summary.step_times without the first step; median of "
+        "the windows",
+        "loop_tokens_per_s": tokens / med(new["mean"]),
+        "median_step_s": med(new["median"]),
+        "median_tokens_per_s": tokens / med(new["median"]),
+        "loop_step_s_with_first": med(new["with_first"]),
+        "first_step_s": med(firsts),
+        "train_compile_s": med(compiles),
+        "sync_loop_step_s": med(old["mean"]),
+        "sync_loop_tokens_per_s": tokens / med(old["mean"]),
+        "sync_median_step_s": med(old["median"]),
+        "sync_median_tokens_per_s": tokens / med(old["median"]),
         "back_to_back_step_s": statistics.mean(b2b),
+        "windows": {"train": new, "sync": old},
     }
 
 
@@ -327,7 +348,9 @@ def _device_line() -> dict[str, Any]:
     }
 
 
-def benchmark(cfg: TrainConfig, baseline: str, timed: int, warmup: int) -> dict[str, Any]:
+def benchmark(
+    cfg: TrainConfig, baseline: str, timed: int, warmup: int, repeats: int = 3
+) -> dict[str, Any]:
     """One record: ``cfg`` (already validated) against ``baseline``."""
     from colossal_jax.metrics import peak_flops
 
@@ -335,7 +358,7 @@ def benchmark(cfg: TrainConfig, baseline: str, timed: int, warmup: int) -> dict[
     base = {"plain-jax": _PlainSide, "torch": _TorchSide}.get(baseline)
     base = base(lib) if base is not None else None
     t = time_interleaved(lib, base, timed, warmup)
-    loops = measure_loops(lib, cfg, start=warmup + timed) if cfg.steps > 0 else None
+    loops = measure_loops(lib, cfg, warmup + timed, repeats) if cfg.steps > 0 else None
 
     model, n_dev = lib.run.model, lib.run.mesh.size
     tokens = cfg.batch_size * cfg.seq_len
@@ -497,7 +520,9 @@ def main(argv: list[str] | None = None) -> int:
         cfg = dataclasses.replace(cfg, devices=n, eval_every=0, checkpoint_dir=None)
         cfg = dataclasses.replace(cfg, metrics_file=None, tensorboard_dir=None)
         with compile_cache():
-            record = benchmark(cfg, args.baseline, args.timed_steps, args.bench_warmup)
+            record = benchmark(
+                cfg, args.baseline, args.timed_steps, args.bench_warmup, args.loop_repeats
+            )
         record = {"flags": argv, **record}
         append_record(args.json, record)
         print(summary_line(record))

@@ -950,8 +950,14 @@ def check_memory(cfg: TrainConfig, model: Any, capacity: int, sharing: int = 1) 
 BASELINES = ("plain-jax", "torch", "none")
 
 
-def check_bench(baseline: str, timed_steps: int, warmup: int) -> None:
-    """The harness's own flags: a known baseline, at least 2 timed steps, no negative warm-up."""
+def check_bench(baseline: str, timed_steps: int, warmup: int, loop_repeats: int = 1) -> None:
+    """The harness's own flags: a known baseline, at least 2 timed steps, no negative warm-up,
+    at least one loop window."""
+    if loop_repeats < 1:
+        raise ConfigError(
+            f"--loop-repeats {loop_repeats} measures no loop; use at least 1 (e.g. "
+            "--loop-repeats 3)"
+        )
     if baseline not in BASELINES:
         raise ConfigError(choice("--baseline", baseline, BASELINES))
     if timed_steps < 2:
