@@ -1,0 +1,110 @@
+"""Two A/B measurements behind docs/performance.md's training-loop section, default run
+(``--mesh data=8`` gpt2-tiny, 8 simulated devices unless ``--devices``):
+
+1. **loop shape**: on one compiled step, the asynchronous loop (step k+1 dispatched, the next
+   batch built, then step k's metrics read) against the synchronous one (batch, step, read),
+   ``--rounds`` alternating windows of ``--steps`` steps each;
+2. **cached executable**: the step compiled fresh against the same step loaded from JAX's
+   persistent compilation cache (as ``train()`` loads it inside ``bench_throughput.py``), each
+   dispatched back to back, alternating windows.
+
+Prints each window's ms per step and the median of the paired ratios.
+
+    python benchmarks/loop_ab.py [--steps 20] [--rounds 8]
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import os
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--devices", type=int, default=8)
+    p.add_argument("--steps", type=int, default=20, help="steps per window")
+    p.add_argument("--rounds", type=int, default=8, help="windows per side")
+    args = p.parse_args(argv)
+    os.environ.setdefault("XLA_FLAGS", f"--xla_force_host_platform_device_count={args.devices}")
+    import jax
+
+    jax.config.update("jax_compilation_cache_dir", tempfile.mkdtemp(prefix="loop-ab-"))
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
+    jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
+    from colossal_jax.config import ParallelConfig, TrainConfig
+
+    T = importlib.import_module("colossal_jax.train")
+    cfg = TrainConfig(
+        parallel=ParallelConfig(data=args.devices), devices=args.devices, eval_every=0
+    )
+    n = args.steps
+
+    def make():
+        run = T.build(cfg)
+        params, opt_state = T.init_state(run)
+        step = T.make_train_step(run).lower(params, opt_state, T.global_batch(run, 0))
+        return run, [params, opt_state], step.compile()
+
+    def asynchronous(side) -> float:
+        run, st, step = side
+        t0, pending, batch = time.perf_counter(), None, T.global_batch(run, 0)
+        for i in range(n):
+            st[0], st[1], out = step(st[0], st[1], batch)
+            batch = T.global_batch(run, i + 1)
+            if pending is not None:
+                jax.device_get(pending)
+            pending = out
+        jax.device_get(pending)
+        return (time.perf_counter() - t0) / n
+
+    def synchronous(side) -> float:
+        run, st, step = side
+        t0 = time.perf_counter()
+        for i in range(n):
+            st[0], st[1], out = step(st[0], st[1], T.global_batch(run, i))
+            jax.device_get(out)
+        return (time.perf_counter() - t0) / n
+
+    def back_to_back(side) -> float:
+        run, st, step = side
+        batches = jax.block_until_ready([T.global_batch(run, i) for i in range(n)])
+        t0 = time.perf_counter()
+        for batch in batches:
+            st[0], st[1], out = step(st[0], st[1], batch)
+        jax.block_until_ready(out)
+        return (time.perf_counter() - t0) / n
+
+    def ab(name: str, a, b, label_a: str, label_b: str) -> None:
+        a(), b()  # untimed: first runs
+        ta, tb = [], []
+        for r in range(args.rounds):
+            for f, out in ((a, ta), (b, tb))[:: (-1) ** r]:
+                out.append(f())
+        ratio = statistics.median(x / y for x, y in zip(ta, tb, strict=True))
+        print(f"{name}: {label_a} ms/step {[round(1e3 * x, 1) for x in ta]}")
+        print(f"{name}: {label_b} ms/step {[round(1e3 * x, 1) for x in tb]}")
+        print(f"{name}: {label_a} / {label_b}, median of paired windows: {ratio:.3f}")
+
+    fresh = make()
+    cached = make()  # the same program: loaded from the persistent cache
+    ab("loop shape", lambda: asynchronous(fresh), lambda: synchronous(fresh), "async", "sync")
+    ab(
+        "executable",
+        lambda: back_to_back(cached),
+        lambda: back_to_back(fresh),
+        "cached",
+        "fresh",
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
