@@ -539,8 +539,7 @@ class Summary:
       losses: training loss of every step this call ran; first_loss, final_loss its ends.
       tokens_per_s, mfu: throughput (MFU None where the device's peak is unknown).
       compile_s, wall_s: compile time of the train step; wall time of the whole call.
-      loop_s: wall time of the step loop, without its evaluations and checkpoint saves (the
-        harness's time outside the compiled step is ``loop_s`` less the steps' own time).
+      loop_s: wall time of the step loop, without its evaluations and checkpoint saves.
       host_s: the part of ``loop_s`` the host spent on its own work: neither inside the
         compiled step's call (which returns at once where dispatch is asynchronous, as on a GPU,
         and after the step where it is not, as for multi-device programs on a CPU) nor waiting
@@ -718,7 +717,6 @@ def _train(
     bar = None
     losses: list[float] = []
     step_times: list[float] = []
-    timed_tokens, timed_seconds = 0, 0.0
     step = start_step
     profiler = StepProfiler.of(cfg)  # --profile-dir: a trace of --profile-steps
     agreed_signal = 0  # the largest stop flag of any process, once one is seen
@@ -728,7 +726,7 @@ def _train(
 
     def finish(at: int, out: dict, dispatched: float) -> None:
         """Read step ``at``'s metrics (waiting for it), check them, log them."""
-        nonlocal timed_tokens, timed_seconds, last_done, agreed_signal, in_step
+        nonlocal last_done, agreed_signal, in_step
         t_wait = time.perf_counter()
         host = jax.device_get(out)
         now = time.perf_counter()
@@ -737,8 +735,6 @@ def _train(
         last_done = now
         loss = float(host["loss"])
         losses.append(loss)
-        timed_tokens += tokens_per_step
-        timed_seconds += dt
         step_times.append(dt)
         tps = tokens_per_step / dt
         record = {
@@ -853,7 +849,8 @@ def _train(
         watchdog.disarm()
     _stop_if_signalled(ckpt, step, started=step > start_step, agreed=agreed_signal)
 
-    tokens_per_s = timed_tokens / timed_seconds if timed_seconds else None
+    timed_seconds = sum(step_times)
+    tokens_per_s = tokens_per_step * len(step_times) / timed_seconds if timed_seconds else None
     mfu = (
         flops_per_step * len(losses) / timed_seconds / (peak * n_dev)
         if peak and timed_seconds

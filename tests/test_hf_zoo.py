@@ -226,3 +226,24 @@ def test_export_round_trips_bit_for_bit(family, tmp_path):
     module = hf_family(config["model_type"])
     model = getattr(transformers, module.AUTO_CLASS).from_pretrained(out).eval()
     assert type(model).__name__ == module.ARCHITECTURE
+
+
+def test_bert_sep_token_is_set_by_the_directory_or_by_set(tmp_path):
+    """A BERT ``config.json`` without ``sep_token_id`` leaves ``model.sep_token`` to ``--set``
+    (a WordPiece vocabulary's 102); one with it sets it, and a different ``--set`` is refused."""
+    from colossal_jax.config import ConfigError
+    from colossal_jax.rules import model_overrides
+
+    config = transformers.BertConfig(vocab_size=128, hidden_size=64).to_dict()
+    config["model_type"] = "bert"
+    (tmp_path / "model.safetensors").write_bytes(b"")
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(config))
+    cfg = TrainConfig(model="bert-tiny", init_from_hf=str(tmp_path))
+    assert "sep_token" not in model_overrides(cfg)
+    cfg = dataclasses.replace(cfg, model_overrides={"sep_token": 102})
+    assert model_overrides(cfg)["sep_token"] == 102
+    path.write_text(json.dumps({**config, "sep_token_id": 102}))
+    assert model_overrides(dataclasses.replace(cfg, model_overrides={}))["sep_token"] == 102
+    with pytest.raises(ConfigError, match="model.sep_token=3 contradicts"):
+        model_overrides(dataclasses.replace(cfg, model_overrides={"sep_token": 3}))

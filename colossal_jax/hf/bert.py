@@ -84,7 +84,7 @@ def overrides(hf: dict[str, Any]) -> dict[str, Any]:
     if inner % h:
         raise ValueError(f"intermediate_size {inner} is not a multiple of hidden_size {h}")
     sep = hf.get("sep_token_id")
-    return {
+    fields = {
         "vocab_size": size["vocab_size"],
         "block_size": size["max_position_embeddings"],
         "n_layer": size["num_hidden_layers"],
@@ -94,8 +94,9 @@ def overrides(hf: dict[str, Any]) -> dict[str, Any]:
         "type_vocab_size": size["type_vocab_size"],
         "eps": float(hf.get("layer_norm_eps", 1e-12)),
         "gelu": GELU[hf.get("hidden_act", "gelu")],
-        "sep_token": None if sep is None else int(sep),
     }
+    # a config.json without sep_token_id says nothing of it: --set model.sep_token may add it
+    return fields if sep is None else {**fields, "sep_token": int(sep)}
 
 
 def tied(hf: dict[str, Any]) -> bool:
