@@ -1,23 +1,25 @@
-"""Two A/B measurements behind docs/performance.md's training-loop section, default run
-(``--mesh data=8`` gpt2-tiny, 8 simulated devices unless ``--devices``):
+"""How the compiled step dispatches, and two A/B measurements behind docs/performance.md's
+training-loop section, for any training configuration (``scripts/train.py``'s flags; default
+``--mesh data=8`` gpt2-tiny on 8 simulated devices):
 
+0. **dispatch**: how long the step's call takes to return with the device idle and with a step
+   in flight (on a CPU backend the call waits for the step before it: nothing queues deeper);
 1. **loop shape**: on one compiled step, the asynchronous loop (step k+1 dispatched, the next
    batch built, then step k's metrics read) against the synchronous one (batch, step, read),
-   ``--rounds`` alternating windows of ``--steps`` steps each;
+   ``--rounds`` alternating windows of ``--window`` steps each;
 2. **cached executable**: the step compiled fresh against the same step loaded from JAX's
    persistent compilation cache (as ``train()`` loads it inside ``bench_throughput.py``), each
    dispatched back to back, alternating windows.
 
 Prints each window's ms per step and the median of the paired ratios.
 
-    python benchmarks/loop_ab.py [--steps 20] [--rounds 8]
+    python benchmarks/loop_ab.py [train flags] [--window 20] [--rounds 8]
 """
 
 from __future__ import annotations
 
-import argparse
+import dataclasses
 import importlib
-import os
 import statistics
 import sys
 import tempfile
@@ -28,24 +30,26 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--devices", type=int, default=8)
-    p.add_argument("--steps", type=int, default=20, help="steps per window")
+    from colossal_jax import cli
+
+    p = cli.build_parser()
+    p.prog = "loop_ab.py"
+    p.description = __doc__.splitlines()[0]
+    p.add_argument("--window", type=int, default=20, help="steps per window")
     p.add_argument("--rounds", type=int, default=8, help="windows per side")
     args = p.parse_args(argv)
-    os.environ.setdefault("XLA_FLAGS", f"--xla_force_host_platform_device_count={args.devices}")
+    cli._setup_devices(args)
     import jax
 
     jax.config.update("jax_compilation_cache_dir", tempfile.mkdtemp(prefix="loop-ab-"))
     jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
     jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
-    from colossal_jax.config import ParallelConfig, TrainConfig
-
     T = importlib.import_module("colossal_jax.train")
-    cfg = TrainConfig(
-        parallel=ParallelConfig(data=args.devices), devices=args.devices, eval_every=0
-    )
-    n = args.steps
+    n_dev = args.devices or jax.device_count()
+    cfg = cli.config_from_args(args, n_dev)
+    cfg = dataclasses.replace(cfg, devices=n_dev, eval_every=0, checkpoint_dir=None)
+    n = args.window
+    print(f"{cfg.parallel.describe()}; {n} steps a window, {args.rounds} windows a side")
 
     def make():
         run = T.build(cfg)
@@ -93,7 +97,32 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{name}: {label_b} ms/step {[round(1e3 * x, 1) for x in tb]}")
         print(f"{name}: {label_a} / {label_b}, median of paired windows: {ratio:.3f}")
 
+    def dispatch(side) -> None:
+        """How long the step's call takes to return: with the device idle, and with the step
+        before it still running (the call of the second of two steps dispatched together)."""
+        run, st, step = side
+        batch = jax.block_until_ready(T.global_batch(run, 0))
+        idle, busy, whole = [], [], []
+        for _ in range(args.rounds):
+            jax.block_until_ready(st)
+            t0 = time.perf_counter()
+            st[0], st[1], out = step(st[0], st[1], batch)
+            t1 = time.perf_counter()
+            st[0], st[1], out = step(st[0], st[1], batch)
+            t2 = time.perf_counter()
+            jax.block_until_ready(out)
+            idle.append(t1 - t0)
+            busy.append(t2 - t1)
+            whole.append((time.perf_counter() - t0) / 2)
+        med = statistics.median
+        print(
+            f"dispatch: the call returns after {1e3 * med(idle):.1f} ms with the device idle, "
+            f"{1e3 * med(busy):.1f} ms with a step in flight (a step: {1e3 * med(whole):.1f} ms; "
+            f"medians of {args.rounds})"
+        )
+
     fresh = make()
+    dispatch(fresh)
     cached = make()  # the same program: loaded from the persistent cache
     ab("loop shape", lambda: asynchronous(fresh), lambda: synchronous(fresh), "async", "sync")
     ab(

@@ -1,9 +1,10 @@
-"""A copy of the synchronous training loop of ``colossal_jax.train`` as it was before the loop
-became asynchronous: the next batch is built only after the step returns, and the host waits
-for every step (``float(loss)``, ``float(grad_norm)``) before dispatching the next one.
+"""A copy of the synchronous training loop of ``colossal_jax.train`` as it was before this
+harness existed: the next batch is built only after the step returns, the host waits for every
+step (``float(loss)``, ``float(grad_norm)``) before dispatching the next one, and the learning
+rate is evaluated by the optax schedule step by step.
 
 ``scripts/bench_throughput.py`` times it next to today's ``train()`` loop in one invocation, so
-the gain of the asynchronous loop is measured, not asserted. What it keeps of the old loop's
+the gain is measured, not asserted. What it keeps of the old loop's
 per-step work: the batch build and placement, the step, the metrics record (loss, lr,
 grad_norm, step time, tokens/s, MFU, peak memory where reported) and the non-finite guard.
 What it leaves out (it would be equally absent or equally present in both loops in a benchmark

@@ -18,11 +18,12 @@ Measurements (every figure of one record comes from one invocation):
   aliased + temporaries), on a GPU ``device.memory_stats()['peak_bytes_in_use']``.
 - **compile time**: lowering and compiling each side's step (PyTorch: its first step).
 - **the loop**: ``colossal_jax.train.train`` runs ``--steps`` steps (no evaluation, no
-  checkpoints) ``--loop-repeats`` (3) times, alternated with the old loop (each figure the
+  checkpoints) ``--loop-repeats`` (5) times, alternated with the old loop (each figure the
   median over the windows); ``outside_step_fraction = Summary.host_s / Summary.loop_s``, the
   share of the loop's wall time the host spent neither in the compiled step's call nor waiting
-  for a step's results (measured directly, step by step; where dispatch is asynchronous that
-  work overlaps the steps in flight, so this bounds the device's waiting from above).
+  for a step's results (measured directly, step by step; with ``host_overlap`` on that work
+  overlaps the step in flight, so this bounds the device's waiting from above; off, the CPU's
+  default, the device waits for all of it).
   ``vs_back_to_back`` holds the differential form, ``1 − step / (loop time per step)``, the
   loop's time per step being the mean of ``Summary.step_times`` after the first (the first step
   of ``train()``'s newly compiled executable also runs its first-run set-up; ``…_with_first``
@@ -32,6 +33,9 @@ Measurements (every figure of one record comes from one invocation):
   of both loops: the mean (``loop_tokens_per_s``) and the median (``median_tokens_per_s``) step;
   the old synchronous loop (``benchmarks/sync_loop.py``) runs as many steps before and after
   ``train()``, and both loops' tokens/s are recorded (``sync_outside_step_fraction`` likewise).
+  ``vs_sync``, the headline of the comparison: each ``train()`` window's tokens/s over the mean
+  of the old loop's two windows around it, the median over the windows (``vs_sync_windows``
+  lists them; ``vs_sync_median_step`` the same from the windows' median steps).
 - **agreement**: the baseline starts from the library's parameters and gets the same batches,
   so its per-step losses follow the library's; ``max_loss_diff`` records the largest difference
   (plain JAX: the same optax optimizer, so a gradient error shows here).
@@ -72,8 +76,9 @@ def add_bench_flags(parser) -> None:
     a(
         "--loop-repeats",
         type=int,
-        default=3,
-        help="windows of train()'s loop, alternated with the old loop's (figures: medians)",
+        default=5,
+        help="windows of train()'s loop, alternated with the old loop's (figures: medians; "
+        "the loops' tokens/s ratio: each train() window against its two neighbours)",
     )
     parser.set_defaults(steps=30, eval_every=0, no_progress=True)
 
@@ -82,6 +87,16 @@ def check_bench_args(args) -> None:
     from colossal_jax import rules
 
     rules.check_bench(args.baseline, args.timed_steps, args.bench_warmup, args.loop_repeats)
+
+
+def neighbour_ratios(new: list[float], old: list[float]) -> list[float]:
+    """Per ``train()`` window ``i`` (``new``: seconds per step), the old loop's mean step time
+    in the windows on either side of it (``old[i]``, ``old[i + 1]``) over ``new[i]``: the
+    tokens/s of ``train()`` relative to the old loop, each window paired with the two taken
+    just before and after it, so a slow stretch of a shared machine falls on both sides."""
+    if len(old) != len(new) + 1:
+        raise ValueError(f"{len(new)} train() windows need {len(new) + 1} old-loop windows")
+    return [(old[i] + old[i + 1]) / 2 / t for i, t in enumerate(new)]
 
 
 def stats(times: list[float]) -> dict[str, float]:
@@ -312,6 +327,8 @@ def measure_loops(
     old_loop()
     b2b.append(back_to_back(lib, cfg.steps, start))
     med = statistics.median
+    vs_mean = neighbour_ratios(new["mean"], old["mean"])
+    vs_median = neighbour_ratios(new["median"], old["median"])
     return {
         "repeats": repeats,
         "steps": cfg.steps,
@@ -331,6 +348,12 @@ def measure_loops(
         "sync_median_step_s": med(old["median"]),
         "sync_median_tokens_per_s": tokens / med(old["median"]),
         "back_to_back_step_s": statistics.mean(b2b),
+        "vs_sync": med(vs_mean),
+        "vs_sync_source": "train() tokens/s over the old loop's: per train() window, the mean "
+        "step time of the old-loop windows before and after it over the window's; the median "
+        "over the windows",
+        "vs_sync_windows": vs_mean,
+        "vs_sync_median_step": med(vs_median),
         "windows": {"train": new, "sync": old},
     }
 
@@ -482,7 +505,9 @@ def summary_line(r: dict[str, Any]) -> str:
             f"{lp['median_tokens_per_s']:,.0f}), outside the step "
             f"{100 * r['outside_step_fraction']:.1f}%; old synchronous loop "
             f"{lp['sync_loop_tokens_per_s']:,.0f} tokens/s (median step "
-            f"{lp['sync_median_tokens_per_s']:,.0f})"
+            f"{lp['sync_median_tokens_per_s']:,.0f}); train() / old loop tokens/s "
+            f"{lp['vs_sync']:.3f} (median step {lp['vs_sync_median_step']:.3f}; each of "
+            f"{lp['repeats']} windows against its neighbours)"
         )
     return "; ".join(parts)
 

@@ -377,6 +377,11 @@ class TrainConfig:
         applied before JAX starts; ``None``: XLA's defaults.
       profile_dir, profile_steps: write a ``jax.profiler`` trace of steps ``"A:B"`` (1-based,
         inclusive) to ``profile_dir`` (:mod:`colossal_jax.profiling`).
+      host_overlap: ``auto | on | off``: whether the loop dispatches step k+1 (its batch
+        built while step k ran) before reading step k's metrics. ``auto``: on where the device
+        is not the host's own processor (GPU, TPU), off on a CPU backend, where the step's
+        threads share the host's cores and host work beside a step slows it
+        (docs/performance.md, "The training loop").
       init_from_hf: a Hugging Face ``save_pretrained`` directory whose weights initialise the
         parameters (placed straight into their shardings; :mod:`colossal_jax.hf`). Its
         ``config.json`` sets the architecture (``model_overrides`` may not contradict it) and
@@ -410,6 +415,7 @@ class TrainConfig:
     profile_dir: str | None = None
     profile_steps: str | None = None
     init_from_hf: str | None = None
+    host_overlap: str = "auto"
     optim: OptimConfig = field(default_factory=OptimConfig)
     parallel: ParallelConfig = field(default_factory=ParallelConfig)
 

@@ -382,9 +382,27 @@ def check_optim(o: OptimConfig) -> None:
         )
 
 
+HOST_OVERLAP = ("auto", "on", "off")
+"""``TrainConfig.host_overlap``: the training loop's order (:func:`host_overlap`)."""
+
+
+def host_overlap(setting: str, platform: str) -> bool:
+    """Whether the training loop overlaps its host work with the step in flight: ``on``,
+    ``off``, or ``auto`` — on unless ``platform`` (``jax.default_backend()``) is ``cpu``,
+    whose "devices" are threads on the host's own cores."""
+    if setting == "auto":
+        return platform != "cpu"
+    return setting == "on"
+
+
 def _check_run_fields(cfg: TrainConfig) -> None:
     if not 0 <= cfg.seed < 2**63:
         raise ConfigError(f"--seed {cfg.seed} must be in [0, 2**63) (e.g. --seed 0)")
+    if cfg.host_overlap not in HOST_OVERLAP:
+        raise ConfigError(
+            f"--set host_overlap={cfg.host_overlap} is not one of {', '.join(HOST_OVERLAP)} "
+            "(e.g. --set host_overlap=auto)"
+        )
     if cfg.log_every < 1:
         raise ConfigError(
             f"--set log_every={cfg.log_every} must be at least 1 (e.g. --set log_every=10)"

@@ -37,7 +37,7 @@ from colossal_jax.mesh import build_mesh
 from colossal_jax.metrics import MetricsWriter, device_memory, peak_flops
 from colossal_jax.optim import make_optimizer, schedule_values
 from colossal_jax.profiling import StepProfiler
-from colossal_jax.rules import grad_accum_of, resolve_model, uses_zigzag
+from colossal_jax.rules import grad_accum_of, host_overlap, resolve_model, uses_zigzag
 from colossal_jax.sharding import make_layout, make_local_attention, tree_shardings
 from colossal_jax.step import sharded_value_and_grad, stack_layer_dims
 from colossal_jax.tasks import TaskBatches, load_text, make_batches
@@ -541,14 +541,14 @@ class Summary:
       compile_s, wall_s: compile time of the train step; wall time of the whole call.
       loop_s: wall time of the step loop, without its evaluations and checkpoint saves.
       host_s: the part of ``loop_s`` the host spent on its own work: neither inside the
-        compiled step's call (which returns at once where dispatch is asynchronous, as on a GPU,
-        and after the step where it is not, as for multi-device programs on a CPU) nor waiting
-        for a step's results. Where dispatch is asynchronous this work overlaps the steps in
-        flight, so ``host_s / loop_s`` bounds from above the share of the loop the device
-        waited on the host.
-      step_times: seconds of each step this call ran, as the host saw them: from its dispatch,
-        or from the previous step's results if later, to its own results (the first step's
-        includes the new executable's first-run set-up).
+        compiled step's call (which returns once the step is queued: at once on a GPU; on a
+        CPU only after the step before it has finished) nor waiting for a step's results. With
+        ``host_overlap`` on this work overlaps the step in flight, so ``host_s / loop_s``
+        bounds from above the share of the loop the device waited on the host; off (a CPU's
+        default) the device waits for all of it.
+      step_times: seconds of each step this call ran, as the host saw them: from the start of
+        its call, or from the previous step's results if later, to its own results (the first
+        step's includes the new executable's first-run set-up).
       eval_losses: ``(step, held-out loss)`` of every evaluation (step 0: before training);
         first_eval_loss, final_eval_loss: its ends (None when evaluation is off).
       eval_accuracies: ``(step, held-out accuracy)`` of every evaluation of an image classifier
@@ -724,14 +724,16 @@ def _train(
     paused = 0.0  # seconds of the loop spent in evaluation and checkpoint saves
     in_step = 0.0  # seconds of the loop inside the compiled step's call or waiting for results
 
-    def finish(at: int, out: dict, dispatched: float) -> None:
+    def finish(at: int, out: dict, called: float) -> None:
         """Read step ``at``'s metrics (waiting for it), check them, log them."""
         nonlocal last_done, agreed_signal, in_step
         t_wait = time.perf_counter()
         host = jax.device_get(out)
         now = time.perf_counter()
         in_step += now - t_wait
-        dt = now - max(last_done, dispatched)  # back to back: the interval between results
+        # from the step's call (which on a CPU may itself take most of the step) or, overlapped,
+        # from the previous step's results: back to back, the interval between results
+        dt = now - max(last_done, called)
         last_done = now
         loss = float(host["loss"])
         losses.append(loss)
@@ -792,10 +794,12 @@ def _train(
             bar = tqdm(
                 total=cfg.steps, initial=start_step, desc="train", unit="step", dynamic_ncols=True
             )
-        # Asynchronous: step k+1 is dispatched (its batch built while step k ran) before step
-        # k's metrics are read, so the device never waits on the host. A step whose state is
-        # evaluated or saved is read first (its parameters are donated to the next step), and
-        # a state is saved only after its loss and gradient norm were checked.
+        # Overlapped (``host_overlap``; auto: not on a CPU): step k+1 is dispatched (its batch built
+        # while step k ran) before step k's metrics are read, so the device never waits on the
+        # host. Otherwise, and at a step whose state is evaluated or saved (its parameters are
+        # donated to the next step), the step is read at once and the next batch built after.
+        # A state is saved only after its loss and gradient norm were checked.
+        overlap = host_overlap(cfg.host_overlap, jax.default_backend())
         pending: tuple[int, dict, float] | None = None
         next_batch = global_batch(run, step)
         loop_start = time.perf_counter()
@@ -804,30 +808,35 @@ def _train(
             profiler.step(step + 1, pending=params)
             t_call = time.perf_counter()
             params, opt_state, out = compiled(params, opt_state, next_batch)
-            dispatched = time.perf_counter()
-            in_step += dispatched - t_call
+            in_step += time.perf_counter() - t_call
             step += 1
             evaluated = eval_fn is not None and (step % cfg.eval_every == 0 or step == cfg.steps)
-            saved = ckpt is not None and ckpt.due(step)
-            sync = step == cfg.steps or evaluated or saved or agreed_signal
-            if not sync:
+            saving = ckpt is not None and (ckpt.due(step) or step == cfg.steps or agreed_signal)
+            read_now = not overlap or step == cfg.steps or evaluated or saving or agreed_signal
+            if not read_now:
                 next_batch = global_batch(run, step)  # while the device runs this step
             if pending is not None:
                 finish(*pending)
-            pending = (step, out, dispatched)
-            if sync or agreed_signal:
+            pending = (step, out, t_call)
+            if read_now or agreed_signal:  # finish() may have just seen another's stop flag
                 finish(*pending)
                 pending = None
-                t_pause = time.perf_counter()
-                log_records(run_eval(step) if evaluated else None)
-                if ckpt is not None and (saved or step == cfg.steps or agreed_signal):
+                evaluation = None
+                if evaluated:
+                    t_pause = time.perf_counter()
+                    evaluation = run_eval(step)
+                    paused += time.perf_counter() - t_pause
+                log_records(evaluation)
+                if saving or (ckpt is not None and agreed_signal):
+                    assert ckpt is not None
+                    t_pause = time.perf_counter()
                     ckpt.save(
                         step,
                         {"params": params, "opt_state": opt_state},
                         _meta(cfg, step, run.model),
                         force=True,
                     )
-                paused += time.perf_counter() - t_pause
+                    paused += time.perf_counter() - t_pause
                 if agreed_signal:
                     break
                 if step < cfg.steps:

@@ -62,8 +62,9 @@ def throughput_table(records: list[dict[str, Any]]) -> str:
 def loop_table(records: list[dict[str, Any]]) -> str:
     rows = [
         "| mesh | model | outside the step: `train()` (old loop) | against back to back "
-        "| `train()` tokens/s, mean / median step | old loop tokens/s, mean / median step |",
-        "|---|---|---|---|---|---|",
+        "| `train()` tokens/s, mean / median step | old loop tokens/s, mean / median step "
+        "| `train()` / old loop (windows) |",
+        "|---|---|---|---|---|---|---|",
     ]
     for r in records:
         lp = r.get("loop")
@@ -75,7 +76,8 @@ def loop_table(records: list[dict[str, Any]]) -> str:
             f"| {mesh} | {model} | **{100 * r['outside_step_fraction']:.1f}%** "
             f"({100 * r['sync_outside_step_fraction']:.1f}%) | {100 * vs:+.1f}% | "
             f"{lp['loop_tokens_per_s']:,.0f} / {lp['median_tokens_per_s']:,.0f} | "
-            f"{lp['sync_loop_tokens_per_s']:,.0f} / {lp['sync_median_tokens_per_s']:,.0f} |"
+            f"{lp['sync_loop_tokens_per_s']:,.0f} / {lp['sync_median_tokens_per_s']:,.0f} | "
+            + (f"**{lp['vs_sync']:.3f}** ({lp['repeats']}) |" if "vs_sync" in lp else "— |")
         )
     return "\n".join(rows)
 

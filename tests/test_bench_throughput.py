@@ -12,7 +12,10 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from benchmarks.throughput import main as bench_main
+from benchmarks.throughput import neighbour_ratios
 from tests.helpers import TINY_MODEL
 
 SMALL = {**TINY_MODEL, "n_layer": 1, "n_head": 8, "n_embd": 32, "block_size": 16}
@@ -55,6 +58,7 @@ def test_bench_throughput_record(tmp_path):
     assert record["loop"]["repeats"] == 2 and len(record["loop"]["windows"]["sync"]["host"]) == 3
     assert 0 <= record["outside_step_fraction"] < 1
     assert record["loop"]["loop_step_s_source"].startswith("mean of Summary.step_times")
+    assert len(record["loop"]["vs_sync_windows"]) == 2 and record["loop"]["vs_sync"] > 0
 
     from scripts.perf_tables import loop_table, throughput_table
 
@@ -62,6 +66,15 @@ def test_bench_throughput_record(tmp_path):
     assert row.startswith(f"| `{flags[1]}`") and f"**{record['ratio']:.3f}**" in row
     row = loop_table([record]).splitlines()[2]
     assert f"**{100 * record['outside_step_fraction']:.1f}%**" in row
+    assert row.endswith(f"**{record['loop']['vs_sync']:.3f}** (2) |")
+
+
+def test_neighbour_ratios():
+    # train() windows of 10 and 8 ms per step between old-loop windows of 9, 11 and 12 ms:
+    # 10 ms against (9 + 11) / 2 is equal speed, 8 ms against 11.5 is 1.4375x the tokens/s
+    assert neighbour_ratios([0.010, 0.008], [0.009, 0.011, 0.012]) == pytest.approx([1, 1.4375])
+    with pytest.raises(ValueError, match="2 train\\(\\) windows need 3 old-loop windows"):
+        neighbour_ratios([0.01, 0.01], [0.01, 0.01])
 
 
 def test_bench_refuses_what_its_baseline_cannot_mirror(tmp_path, capsys):

@@ -85,3 +85,49 @@ def test_dots_remat_gives_the_loss_and_gradients_of_none():
     assert float(loss_dots) == pytest.approx(float(loss_none), rel=1e-6)
     for a, b in zip(jax.tree.leaves(g_dots), jax.tree.leaves(g_none), strict=True):
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-7)
+
+
+@pytest.mark.parametrize("setting", ["on", "off"])
+def test_loop_order_with_and_without_host_overlap(monkeypatch, setting):
+    """``host_overlap=on``: the batch of step k+1 is built and step k+1 dispatched before step
+    k's metrics are read (the last step is read at once); ``off`` (``auto`` on a CPU): each
+    step is read before the next batch is built. Same losses either way."""
+    import dataclasses
+
+    import colossal_jax.train as T
+    from tests.helpers import tiny_config
+
+    events: list[str] = []
+    build, get = T.global_batch, jax.device_get
+
+    def batch(run, step):
+        events.append(f"b{step}")
+        return build(run, step)
+
+    def read(tree):
+        if isinstance(tree, dict) and "loss" in tree:
+            events.append("r")
+        return get(tree)
+
+    monkeypatch.setattr(T, "global_batch", batch)
+    monkeypatch.setattr(jax, "device_get", read)
+    cfg = dataclasses.replace(tiny_config(steps=4, devices=2), eval_every=0, host_overlap=setting)
+    summary = T.train(cfg, progress=False, log=lambda _: None)
+    loop = events[1:]  # events[0]: the batch the step is compiled for
+    if setting == "on":
+        assert loop == ["b0", "b1", "b2", "r", "b3", "r", "r", "r"]
+    else:
+        assert loop == ["b0", "r", "b1", "r", "b2", "r", "b3", "r"]
+    assert len(summary.losses) == 4 and len(summary.step_times) == 4
+    # the steps' times cover the time inside the step's calls and waiting for results
+    assert sum(summary.step_times) >= summary.loop_s - summary.host_s
+
+
+def test_host_overlap_setting():
+    from colossal_jax.rules import host_overlap
+
+    assert host_overlap("auto", "gpu") and host_overlap("auto", "tpu")
+    assert not host_overlap("auto", "cpu")
+    assert host_overlap("on", "cpu") and not host_overlap("off", "gpu")
+    with pytest.raises(ConfigError, match="host_overlap=sometimes is not one of auto, on, off"):
+        TrainConfig(host_overlap="sometimes").validate()
