@@ -546,9 +546,10 @@ class Summary:
         ``host_overlap`` on this work overlaps the step in flight, so ``host_s / loop_s``
         bounds from above the share of the loop the device waited on the host; off (a CPU's
         default) the device waits for all of it.
-      step_times: seconds of each step this call ran, as the host saw them: from the start of
-        its call, or from the previous step's results if later, to its own results (the first
-        step's includes the new executable's first-run set-up).
+      step_times: seconds of each step this call ran, as the host saw them: from the previous
+        step's results (the loop's start, or the end of an evaluation or checkpoint save) to its
+        own, so they add up to ``loop_s``, the host's own work included (the first step's
+        includes the new executable's first-run set-up).
       eval_losses: ``(step, held-out loss)`` of every evaluation (step 0: before training);
         first_eval_loss, final_eval_loss: its ends (None when evaluation is off).
       eval_accuracies: ``(step, held-out accuracy)`` of every evaluation of an image classifier
@@ -720,21 +721,20 @@ def _train(
     step = start_step
     profiler = StepProfiler.of(cfg)  # --profile-dir: a trace of --profile-steps
     agreed_signal = 0  # the largest stop flag of any process, once one is seen
-    last_done = 0.0  # when the host last saw a step's results
+    mark = 0.0  # where the next step's time starts: the last results read, or a pause's end
     paused = 0.0  # seconds of the loop spent in evaluation and checkpoint saves
     in_step = 0.0  # seconds of the loop inside the compiled step's call or waiting for results
 
-    def finish(at: int, out: dict, called: float) -> None:
+    def finish(at: int, out: dict) -> None:
         """Read step ``at``'s metrics (waiting for it), check them, log them."""
-        nonlocal last_done, agreed_signal, in_step
+        nonlocal mark, agreed_signal, in_step
         t_wait = time.perf_counter()
         host = jax.device_get(out)
         now = time.perf_counter()
         in_step += now - t_wait
-        # from the step's call (which on a CPU may itself take most of the step) or, overlapped,
-        # from the previous step's results: back to back, the interval between results
-        dt = now - max(last_done, called)
-        last_done = now
+        # the interval between results: the steps' times tile the loop, host work included
+        dt = now - mark
+        mark = now
         loss = float(host["loss"])
         losses.append(loss)
         step_times.append(dt)
@@ -800,9 +800,9 @@ def _train(
         # donated to the next step), the step is read at once and the next batch built after.
         # A state is saved only after its loss and gradient norm were checked.
         overlap = host_overlap(cfg.host_overlap, jax.default_backend())
-        pending: tuple[int, dict, float] | None = None
+        pending: tuple[int, dict] | None = None
         next_batch = global_batch(run, step)
-        loop_start = time.perf_counter()
+        loop_start = mark = time.perf_counter()
         while step < cfg.steps:
             watchdog.arm(f"step {step + 1}")  # through its evaluation and save
             profiler.step(step + 1, pending=params)
@@ -817,7 +817,7 @@ def _train(
                 next_batch = global_batch(run, step)  # while the device runs this step
             if pending is not None:
                 finish(*pending)
-            pending = (step, out, t_call)
+            pending = (step, out)
             if read_now or agreed_signal:  # finish() may have just seen another's stop flag
                 finish(*pending)
                 pending = None
@@ -826,6 +826,7 @@ def _train(
                     t_pause = time.perf_counter()
                     evaluation = run_eval(step)
                     paused += time.perf_counter() - t_pause
+                    mark = time.perf_counter()
                 log_records(evaluation)
                 if saving or (ckpt is not None and agreed_signal):
                     assert ckpt is not None
@@ -837,6 +838,7 @@ def _train(
                         force=True,
                     )
                     paused += time.perf_counter() - t_pause
+                    mark = time.perf_counter()
                 if agreed_signal:
                     break
                 if step < cfg.steps:

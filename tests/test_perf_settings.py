@@ -119,8 +119,8 @@ def test_loop_order_with_and_without_host_overlap(monkeypatch, setting):
     else:
         assert loop == ["b0", "r", "b1", "r", "b2", "r", "b3", "r"]
     assert len(summary.losses) == 4 and len(summary.step_times) == 4
-    # the steps' times cover the time inside the step's calls and waiting for results
-    assert sum(summary.step_times) >= summary.loop_s - summary.host_s
+    # the steps' times tile the loop: the host's work between steps is in them
+    assert 0.95 * summary.loop_s <= sum(summary.step_times) <= summary.loop_s
 
 
 def test_host_overlap_setting():
