@@ -18,10 +18,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from colossal_jax.config import TrainConfig
 from colossal_jax.divergence import Guard
 from colossal_jax.metrics import device_memory
 from colossal_jax.optim import schedule
-from colossal_jax.train import Run, global_batch
+from colossal_jax.train import Run, build, global_batch, init_state, make_train_step
 
 
 @dataclass
@@ -96,4 +97,18 @@ def sync_loop(
         losses,
         params,
         opt_state,
+    )
+
+
+def sync_train(cfg: TrainConfig, peak_flops: float | None = None) -> LoopTiming:
+    """The old ``train()`` without its logging, evaluation and checkpoints: build the run,
+    initialise the state, compile the step (from JAX's persistent cache where it holds it, as
+    for ``train()``), then :func:`sync_loop` for ``cfg.steps`` steps from step 0 — the same
+    set-up as a ``train()`` window, so both loops start on a fresh executable and fresh
+    arrays."""
+    run = build(cfg)
+    params, opt_state = init_state(run)
+    compiled = make_train_step(run).lower(params, opt_state, global_batch(run, 0)).compile()
+    return sync_loop(
+        run, compiled, params, opt_state, start=0, steps=cfg.steps, peak_flops=peak_flops
     )

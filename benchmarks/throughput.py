@@ -32,7 +32,9 @@ Measurements (every figure of one record comes from one invocation):
   CPU a difference of two windows taken a minute apart, good to several percent only. Tokens/s
   of both loops: the mean (``loop_tokens_per_s``) and the median (``median_tokens_per_s``) step;
   the old synchronous loop (``benchmarks/sync_loop.py``) runs as many steps before and after
-  ``train()``, and both loops' tokens/s are recorded (``sync_outside_step_fraction`` likewise).
+  each ``train()`` window, each window from a fresh build, initialisation and compile (from a
+  persistent cache) as ``train()``'s, and both loops' tokens/s are recorded
+  (``sync_outside_step_fraction`` likewise).
   ``vs_sync``, the headline of the comparison: each ``train()`` window's tokens/s over the mean
   of the old loop's two windows around it, the median over the windows (``vs_sync_windows``
   lists them; ``vs_sync_median_step`` the same from the windows' median steps).
@@ -273,12 +275,15 @@ def measure_loops(
     """``train()``'s loop and the old synchronous loop, ``cfg.steps`` steps each, alternating
     ``repeats`` times (old, train, old, train, …, old: every ``train()`` window has an old-loop
     window on each side), with the compiled step dispatched back to back before and after.
+    Each window starts afresh, as a run does: ``train(cfg)`` builds, initialises and compiles
+    (from the harness's persistent cache), and so does the old loop's window
+    (``sync_loop.sync_train``), so neither runs on an executable the other has warmed.
     ``train()``'s figures per window: ``Summary.host_s / Summary.loop_s`` and the mean and median
     of ``Summary.step_times`` after the first (the first also runs the new executable's
     first-run set-up); the old loop's per window likewise (after two untimed steps). Each
     figure is the median over the windows: on a machine shared with other jobs one window's
     speed moves by ±10%, the alternation lets that fall on both loops."""
-    from benchmarks.sync_loop import sync_loop
+    from benchmarks.sync_loop import sync_loop, sync_train
     from colossal_jax.train import train
 
     peak = cfg.peak_tflops * 1e12 if cfg.peak_tflops else None
@@ -289,21 +294,11 @@ def measure_loops(
     firsts, compiles = [], []
 
     def old_loop() -> None:
-        nonlocal start
-        out = sync_loop(
-            lib.run,
-            lib.compiled,
-            lib.params,
-            lib.opt_state,
-            start=start,
-            steps=cfg.steps,
-            peak_flops=peak,
-        )
-        lib.params, lib.opt_state = out.params, out.opt_state
-        start += cfg.steps
+        out = sync_train(cfg, peak)
+        steady = out.step_times[1:] or out.step_times
         old["host"].append(out.host_s / out.loop_s)
-        old["mean"].append(out.loop_s / out.steps)
-        old["median"].append(statistics.median(out.step_times))
+        old["mean"].append(statistics.mean(steady))
+        old["median"].append(statistics.median(steady))
 
     def new_loop() -> None:
         summary = train(cfg, progress=False, log=lambda _: None)
