@@ -399,10 +399,7 @@ def _check_run_fields(cfg: TrainConfig) -> None:
     if not 0 <= cfg.seed < 2**63:
         raise ConfigError(f"--seed {cfg.seed} must be in [0, 2**63) (e.g. --seed 0)")
     if cfg.host_overlap not in HOST_OVERLAP:
-        raise ConfigError(
-            f"--set host_overlap={cfg.host_overlap} is not one of {', '.join(HOST_OVERLAP)} "
-            "(e.g. --set host_overlap=auto)"
-        )
+        raise ConfigError(choice("--set host_overlap", cfg.host_overlap, HOST_OVERLAP))
     if cfg.log_every < 1:
         raise ConfigError(
             f"--set log_every={cfg.log_every} must be at least 1 (e.g. --set log_every=10)"
@@ -974,7 +971,7 @@ def check_bench(baseline: str, timed_steps: int, warmup: int, loop_repeats: int 
     if loop_repeats < 1:
         raise ConfigError(
             f"--loop-repeats {loop_repeats} measures no loop; use at least 1 (e.g. "
-            "--loop-repeats 3)"
+            "--loop-repeats 5)"
         )
     if baseline not in BASELINES:
         raise ConfigError(choice("--baseline", baseline, BASELINES))

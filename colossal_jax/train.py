@@ -828,8 +828,7 @@ def _train(
                     paused += time.perf_counter() - t_pause
                     mark = time.perf_counter()
                 log_records(evaluation)
-                if saving or (ckpt is not None and agreed_signal):
-                    assert ckpt is not None
+                if ckpt is not None and (saving or agreed_signal):  # the flag may be new
                     t_pause = time.perf_counter()
                     ckpt.save(
                         step,
