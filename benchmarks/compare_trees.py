@@ -29,7 +29,7 @@ def _load(tree: str, mesh: dict, layers: list[int]) -> dict:
         import importlib
 
         config = importlib.import_module("colossal_jax.config")
-        T = importlib.import_module("colossal_jax.train")
+        T = importlib.import_module("colossal_jax.training.train")
         if not T.__file__.startswith(os.path.abspath(tree)):
             raise SystemExit(f"colossal_jax came from {T.__file__}, not {tree}")
         out = {}

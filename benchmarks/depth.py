@@ -17,11 +17,13 @@ import time
 from typing import Any
 
 from colossal_jax.config import ConfigError
+from colossal_jax.config.model_rules import check_baseline
+from colossal_jax.config.train_rules import check_bench
 
 
 def main(argv: list[str] | None = None) -> int:
-    from benchmarks.throughput import _LibrarySide, _PlainSide, append_record
     from colossal_jax import cli
+    from colossal_jax_benchmarks.throughput import _LibrarySide, _PlainSide, append_record
 
     argv = list(sys.argv[1:] if argv is None else argv)
     try:
@@ -39,16 +41,16 @@ def main(argv: list[str] | None = None) -> int:
         depths = [int(x) for x in args.layers.split(",")]
         if len(depths) < 2 or min(depths) < 1:
             raise ConfigError(f"--layers {args.layers} needs two or more depths, e.g. 2,8")
-        from colossal_jax import rules
 
-        rules.check_bench(args.baseline, args.timed_steps, args.bench_warmup)
+
+        check_bench(args.baseline, args.timed_steps, args.bench_warmup)
         cli._setup_devices(args)
         cli.apply_xla_preset(args.xla_preset)
         import jax
 
         n = args.devices or jax.device_count()
         base_cfg = cli.config_from_args(args, n)
-        rules.check_baseline(base_cfg, args.baseline)
+        check_baseline(base_cfg, args.baseline)
         sides: dict[tuple[str, int], Any] = {}
         for depth in depths:
             overrides = {**base_cfg.model_overrides, "n_layer": depth}

@@ -24,9 +24,6 @@ import statistics
 import sys
 import tempfile
 import time
-from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -44,7 +41,7 @@ def main(argv: list[str] | None = None) -> int:
     jax.config.update("jax_compilation_cache_dir", tempfile.mkdtemp(prefix="loop-ab-"))
     jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
     jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
-    T = importlib.import_module("colossal_jax.train")
+    T = importlib.import_module("colossal_jax.training.train")
     n_dev = args.devices or jax.device_count()
     cfg = cli.config_from_args(args, n_dev)
     cfg = dataclasses.replace(cfg, devices=n_dev, eval_every=0, checkpoint_dir=None)

@@ -3,7 +3,8 @@ with GSPMD ``NamedSharding`` annotations only (no library layer, no ``shard_map`
 
 It is the baseline of ``scripts/bench_throughput.py``: the same parameter shapes, init
 distributions and math (learned positions, pre-LN, GeLU tanh, untied LM head, the mean token
-cross-entropy over weighted tokens) and the same optimizer (``colossal_jax.optim.make_optimizer``
+cross-entropy over weighted tokens) and the same optimizer
+(``colossal_jax.training.optim.make_optimizer``
 with the run's ``OptimConfig``), so a step of it does the same work as a step of the library.
 ``tests/test_bench_throughput.py`` holds it to the library's loss at equal parameters
 (:func:`from_library` maps the library's stacked ``nnx`` state into this pytree).
@@ -39,7 +40,7 @@ from flax import nnx
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from models.configs import GPTConfig
+from colossal_jax_models.gpt_config import GPTConfig
 
 Params = dict[str, Any]
 MODES = ("data", "1d", "2d")
@@ -110,7 +111,8 @@ def init_params(cfg: GPTConfig, key: jax.Array) -> Params:
 
 
 def from_library(state: Any) -> Params:
-    """The library's GPT parameters (an ``nnx.State`` of ``models.gpt.GPT``, layers stacked on a
+    """The library's GPT parameters (an ``nnx.State`` of ``colossal_jax_models.gpt.GPT``, layers
+    stacked on a
     leading dimension) as this module's pytree (one dict per layer)."""
     pure = nnx.to_pure_dict(state) if isinstance(state, nnx.State) else state
 

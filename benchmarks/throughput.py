@@ -12,12 +12,12 @@ Measurements (every figure of one record comes from one invocation):
 - **tokens/s** ``= batch·seq / median step``; **model TFLOP/s per device** ``= flops_per_token ·
   tokens/s / devices`` with ``flops_per_token = 6·N + 12·L·s·h`` (``GPTConfig.flops_per_token``,
   docs/formulas.md §7: N the matmul parameters, L layers, s the sequence, h the hidden size);
-  **MFU** = that over the device's dense bf16 peak (``colossal_jax.metrics.PEAK_FLOPS`` or
+  **MFU** = that over the device's dense bf16 peak (``colossal_jax.runtime.metrics.PEAK_FLOPS`` or
   ``--peak-tflops``; ``null`` on a CPU).
 - **peak memory**: on a CPU the compiled step's ``memory_analysis()`` (arguments + outputs −
   aliased + temporaries), on a GPU ``device.memory_stats()['peak_bytes_in_use']``.
 - **compile time**: lowering and compiling each side's step (PyTorch: its first step).
-- **the loop**: ``colossal_jax.train.train`` runs ``--steps`` steps (no evaluation, no
+- **the loop**: ``colossal_jax.training.train.train`` runs ``--steps`` steps (no evaluation, no
   checkpoints) ``--loop-repeats`` (5) times, alternated with the old loop (each figure the
   median over the windows); ``outside_step_fraction = Summary.host_s / Summary.loop_s``, the
   share of the loop's wall time the host spent neither in the compiled step's call nor waiting
@@ -58,7 +58,9 @@ from pathlib import Path
 from typing import Any
 
 from colossal_jax.config import ConfigError, TrainConfig
-from colossal_jax.rules import BASELINES  # noqa: E402
+from colossal_jax.config.choices import BASELINES  # noqa: E402
+from colossal_jax.config.model_rules import check_baseline
+from colossal_jax.config.train_rules import check_bench
 
 FLOPS_FORMULA = "6*N + 12*L*s*h per token (N matmul parameters; GPTConfig.flops_per_token)"
 
@@ -86,9 +88,9 @@ def add_bench_flags(parser) -> None:
 
 
 def check_bench_args(args) -> None:
-    from colossal_jax import rules
 
-    rules.check_bench(args.baseline, args.timed_steps, args.bench_warmup, args.loop_repeats)
+
+    check_bench(args.baseline, args.timed_steps, args.bench_warmup, args.loop_repeats)
 
 
 def neighbour_ratios(new: list[float], old: list[float]) -> list[float]:
@@ -137,7 +139,7 @@ class _LibrarySide:
     def __init__(self, cfg: TrainConfig):
         import importlib
 
-        self.T = importlib.import_module("colossal_jax.train")
+        self.T = importlib.import_module("colossal_jax.training.train")
         self.run = self.T.build(cfg)
         self.params, self.opt_state = self.T.init_state(self.run)
         step = self.T.make_train_step(self.run)
@@ -154,7 +156,7 @@ class _LibrarySide:
         return out["loss"]
 
     def peak_bytes(self) -> dict[str, Any] | None:
-        from colossal_jax.metrics import device_memory
+        from colossal_jax.runtime.metrics import device_memory
 
         mem = device_memory()
         if mem is not None:
@@ -167,8 +169,8 @@ class _PlainSide:
     """``benchmarks/plain_jax_gpt.py`` in the sharding that mirrors the library's mesh."""
 
     def __init__(self, lib: _LibrarySide):
-        from benchmarks import plain_jax_gpt as pj
-        from colossal_jax.train import COMPUTE_DTYPES
+        from colossal_jax.training.train import COMPUTE_DTYPES
+        from colossal_jax_benchmarks import plain_jax_gpt as pj
 
         par = lib.run.cfg.parallel
         mode = {"none": "data", "1d": "1d", "2d": "2d"}[par.tensor_mode]
@@ -203,7 +205,7 @@ class _TorchSide:
         # OpenMP threads that spin after each PyTorch step fight XLA's CPU threads for the same
         # cores (steps of 0.1 s took 1.4 s on the 2-core machine); passive waiting ends that
         os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
-        from benchmarks.torch_gpt import TorchRun
+        from colossal_jax_benchmarks.torch_gpt import TorchRun
 
         cfg = lib.run.cfg
         self.run = TorchRun(lib.run.model, cfg.optim, cfg.steps)
@@ -283,8 +285,8 @@ def measure_loops(
     first-run set-up); the old loop's per window likewise (after two untimed steps). Each
     figure is the median over the windows: on a machine shared with other jobs one window's
     speed moves by ±10%, the alternation lets that fall on both loops."""
-    from benchmarks.sync_loop import sync_loop, sync_train
-    from colossal_jax.train import train
+    from colossal_jax.training.train import train
+    from colossal_jax_benchmarks.sync_loop import sync_loop, sync_train
 
     peak = cfg.peak_tflops * 1e12 if cfg.peak_tflops else None
     tokens = cfg.batch_size * cfg.seq_len
@@ -370,7 +372,7 @@ def benchmark(
     cfg: TrainConfig, baseline: str, timed: int, warmup: int, repeats: int = 3
 ) -> dict[str, Any]:
     """One record: ``cfg`` (already validated) against ``baseline``."""
-    from colossal_jax.metrics import peak_flops
+    from colossal_jax.runtime.metrics import peak_flops
 
     lib = _LibrarySide(cfg)
     base = {"plain-jax": _PlainSide, "torch": _TorchSide}.get(baseline)
@@ -534,9 +536,9 @@ def main(argv: list[str] | None = None) -> int:
                 raise ConfigError(f"--devices {args.devices} but only {n} are available")
             n = args.devices
         cfg = cli.config_from_args(args, n)
-        from colossal_jax import rules
 
-        rules.check_baseline(cfg, args.baseline)
+
+        check_baseline(cfg, args.baseline)
         cfg = dataclasses.replace(cfg, devices=n, eval_every=0, checkpoint_dir=None)
         cfg = dataclasses.replace(cfg, metrics_file=None, tensorboard_dir=None)
         with compile_cache():

@@ -24,7 +24,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from colossal_jax.config import OptimConfig
-from models.configs import GPTConfig
+from colossal_jax_models.gpt_config import GPTConfig
 
 
 class Block(nn.Module):
@@ -97,7 +97,7 @@ class GPT(nn.Module):
 
 def load_library_params(model: GPT, state: Any) -> None:
     """Copy the library's GPT parameters (an ``nnx.State``, layers stacked) into ``model``."""
-    from benchmarks.plain_jax_gpt import from_library
+    from colossal_jax_benchmarks.plain_jax_gpt import from_library
 
     plain = from_library(state)
     names = {  # torch name in a block -> plain name, transposed (a kernel) or not
@@ -136,7 +136,8 @@ def load_library_params(model: GPT, state: Any) -> None:
 
 
 def lr_lambda(cfg: OptimConfig, total_steps: int) -> Callable[[int], float]:
-    """optax ``warmup_cosine_decay_schedule`` as ``colossal_jax.optim.schedule`` sets it up,
+    """optax ``warmup_cosine_decay_schedule`` as ``colossal_jax.training.optim.schedule`` sets it
+    up,
     divided by the peak (``LambdaLR`` multiplies the base rate)."""
     warmup = min(cfg.warmup_steps, max(total_steps - 1, 0))
     decay = max(total_steps, warmup + 1)

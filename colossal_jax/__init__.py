@@ -20,46 +20,33 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
-from colossal_jax.config import (
-    ConfigError,
-    OptimConfig,
-    ParallelConfig,
-    TrainConfig,
-    parse_mesh,
-)
-from colossal_jax.devices import simulate_cpu_devices
+from colossal_jax.config import ConfigError, OptimConfig, ParallelConfig, TrainConfig, parse_mesh
+from colossal_jax.runtime.devices import simulate_cpu_devices
 
 _LAZY = {  # name -> module holding it (imports JAX when first used)
-    "train": "colossal_jax.train",
-    "build": "colossal_jax.train",
-    "init_state": "colossal_jax.train",
-    "evaluate": "colossal_jax.train",
-    "restore": "colossal_jax.train",
-    "Run": "colossal_jax.train",
-    "Summary": "colossal_jax.train",
-    "TrainResult": "colossal_jax.train",
-    "build_mesh": "colossal_jax.mesh",
-    "evaluate_metrics": "colossal_jax.train",
-    "MODELS": "models.registry",
-    "FAMILIES": "models.registry",
-    "model_config": "models.registry",
-    "GPTConfig": "models.gpt_config",
-    "BertConfig": "models.bert_config",
-    "ViTConfig": "models.vit_config",
-    "GPT": "models.gpt",
+    "train": "colossal_jax.training.train",
+    "build": "colossal_jax.training.train",
+    "init_state": "colossal_jax.training.train",
+    "evaluate": "colossal_jax.training.train",
+    "restore": "colossal_jax.training.train",
+    "Run": "colossal_jax.training.train",
+    "Summary": "colossal_jax.training.train",
+    "TrainResult": "colossal_jax.training.train",
+    "build_mesh": "colossal_jax.parallel.mesh",
+    "evaluate_metrics": "colossal_jax.training.train",
+    "MODELS": "colossal_jax.config.families",
+    "FAMILIES": "colossal_jax.config.families",
+    "model_config": "colossal_jax.config.families",
+    "Family": "colossal_jax.config.families",
+    "register": "colossal_jax.config.families",
     "Sampler": "colossal_jax.generate",
     "Sampling": "colossal_jax.generate",
-    "Bert": "models.bert",
-    "ViT": "models.vit",
 }
 
 __all__ = [
-    "Bert",
-    "BertConfig",
     "ConfigError",
     "FAMILIES",
-    "GPT",
-    "GPTConfig",
+    "Family",
     "MODELS",
     "OptimConfig",
     "ParallelConfig",
@@ -69,8 +56,6 @@ __all__ = [
     "Summary",
     "TrainConfig",
     "TrainResult",
-    "ViT",
-    "ViTConfig",
     "build",
     "build_mesh",
     "evaluate",
@@ -78,15 +63,17 @@ __all__ = [
     "init_state",
     "model_config",
     "parse_mesh",
+    "register",
     "restore",
     "simulate_cpu_devices",
     "train",
 ]
 
 if TYPE_CHECKING:  # pragma: no cover
+    from colossal_jax.config.families import FAMILIES, MODELS, model_config
     from colossal_jax.generate import Sampler, Sampling
-    from colossal_jax.mesh import build_mesh
-    from colossal_jax.train import (
+    from colossal_jax.parallel.mesh import build_mesh
+    from colossal_jax.training.train import (
         Run,
         Summary,
         TrainResult,
@@ -97,13 +84,6 @@ if TYPE_CHECKING:  # pragma: no cover
         restore,
         train,
     )
-    from models.bert import Bert
-    from models.bert_config import BertConfig
-    from models.gpt import GPT
-    from models.gpt_config import GPTConfig
-    from models.registry import FAMILIES, MODELS, model_config
-    from models.vit import ViT
-    from models.vit_config import ViTConfig
 
 
 def __getattr__(name: str) -> Any:
@@ -111,8 +91,28 @@ def __getattr__(name: str) -> Any:
         value = getattr(importlib.import_module(_LAZY[name]), name)
         globals()[name] = value
         return value
+    zoo = _zoo_class(name)
+    if zoo is not None:
+        return zoo
     raise AttributeError(f"module 'colossal_jax' has no attribute {name!r}")
 
 
+def _zoo_class(name: str) -> type | None:
+    """A registered family's config class (``GPTConfig``) or module class (``GPT``, imports
+    JAX): the zoo is reached through the registry, never imported by the library."""
+    from colossal_jax.config.families import FAMILIES
+
+    for family in FAMILIES.values():
+        if family.config_class.__name__ == name:
+            return family.config_class
+        if family.module.rpartition(":")[2] == name:
+            return family.module_class()
+    return None
+
+
 def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(__all__))
+    from colossal_jax.config.families import FAMILIES
+
+    zoo = [f.config_class.__name__ for f in FAMILIES.values()]
+    zoo += [f.module.rpartition(":")[2] for f in FAMILIES.values()]
+    return sorted(set(globals()) | set(__all__) | set(zoo))

@@ -1,11 +1,12 @@
 """Command line of ``scripts/train.py`` (also installed as ``colossal-train``).
 
 JAX is imported only after the flags are parsed, so ``--devices N`` can set XLA_FLAGS to simulate
-N host devices on a CPU, and only after every rule of :mod:`colossal_jax.rules` has passed when
+N host devices on a CPU, and only after every rule of :mod:`colossal_jax.config` has passed when
 the device count is known without JAX (``--devices N``, or a ``--mesh`` that names ``data``).
 Configuration errors print one line ``error: ...`` and exit with status 2; a non-finite loss
-stops the run with status 3 (:mod:`colossal_jax.divergence`); SIGINT and SIGTERM stop it after a
-checkpoint with status 130 and 143 (:mod:`colossal_jax.signals`), at any moment without a
+stops the run with status 3 (:mod:`colossal_jax.runtime.divergence`); SIGINT and SIGTERM stop it
+after a
+checkpoint with status 130 and 143 (:mod:`colossal_jax.runtime.signals`), at any moment without a
 traceback.
 """
 
@@ -19,7 +20,8 @@ import re
 import signal
 import sys
 
-from colossal_jax import preflight, rules, signals
+from colossal_jax.checks import preflight
+from colossal_jax.checks.validate import check_config, resolve_model
 from colossal_jax.config import (
     AXES,
     OFFLOADS,
@@ -42,12 +44,15 @@ from colossal_jax.config import (
     suggest,
     warmup_note,
 )
+from colossal_jax.config.model_rules import check_with_model
+from colossal_jax.config.train_rules import check_peer_timeout, check_xla_preset
+from colossal_jax.runtime import signals
 
 DEFAULT_CPU_DEVICES = 8
 DEFAULT_PEER_TIMEOUT = 60.0
 """Seconds a multi-process run waits on a silent peer before exiting (``--peer-timeout``)."""
 PEER_LOST_EXIT = 4
-"""Exit status of a process that lost contact with a peer (:mod:`colossal_jax.watchdog`)."""
+"""Exit status of a process that lost contact with a peer (:mod:`colossal_jax.runtime.watchdog`)."""
 
 
 EXAMPLES = {  # a valid value for each flag whose default does not show one
@@ -89,7 +94,8 @@ FAMILY_FLAGS = {  # TrainConfig field (optim.<field>) -> the argparse dest a fam
     "optim.lr": "lr",
     "optim.warmup_steps": "warmup_steps",
 }
-"""Flags whose default comes from the model's family (``models.registry.train_defaults``) when
+"""Flags whose default comes from the model's family
+(``colossal_jax_models.registry.train_defaults``) when
 the command line does not give them; the library-wide default otherwise."""
 
 
@@ -405,9 +411,9 @@ def apply_xla_preset(name: str | None) -> None:
     """``--xla-preset``: its flags into ``XLA_FLAGS`` before JAX starts, printed (stderr)."""
     if name is None:
         return
-    from colossal_jax import xla_presets
+    from colossal_jax.config import xla_presets
 
-    rules.check_xla_preset(name)
+    check_xla_preset(name)
     print(f"note: {xla_presets.apply(name)}", file=sys.stderr)
 
 
@@ -434,14 +440,14 @@ def devices_before_jax(args, devices_set: bool) -> int | None:
 
 
 def check_before_jax(args, n_devices: int) -> TrainConfig:
-    """Every rule of :mod:`colossal_jax.rules` for the run (the model sized for ``--data``),
+    """Every rule of :mod:`colossal_jax.config` for the run (the model sized for ``--data``),
     except the memory floor, which needs the devices' memory."""
-    from colossal_jax.tasks import data_vocab
-    from models.registry import task_of
+    from colossal_jax.config.families import task_of
+    from colossal_jax.data.tasks import data_vocab
 
     cfg = config_from_args(args, n_devices)
-    model = rules.resolve_model(cfg, data_vocab(task_of(cfg.model), cfg.data))
-    rules.check_with_model(cfg, model)
+    model = resolve_model(cfg, data_vocab(task_of(cfg.model), cfg.data))
+    check_with_model(cfg, model)
     return cfg
 
 
@@ -455,7 +461,7 @@ def _apply_sets(cfg: TrainConfig, sets: list[str]) -> TrainConfig:
         head, _, rest = key.partition(".")
         if head == "model" and rest:
             _check_model_name(cfg.model)
-            from models.registry import MODELS, family_of
+            from colossal_jax.config.families import MODELS, family_of
 
             model_types = field_types(family_of(cfg.model).config_class)
             if rest not in model_types:
@@ -504,7 +510,7 @@ def _coerce(key: str, value: str, annotation, example) -> object:
 
 
 def _check_model_name(name: str) -> None:
-    from models.registry import MODELS
+    from colossal_jax.config.families import MODELS
 
     if name not in MODELS:
         raise ConfigError(
@@ -520,10 +526,10 @@ def _architecture(name: str, overrides: dict) -> dict:
 def model_rows() -> list[dict]:
     """Every model of every family (registration order): name, family, paper, task, layers,
     hidden, heads and the parameters a run with the family's default data trains
-    (:func:`colossal_jax.tasks.sized_for_default_data`), plus the config's own count where its
+    (:func:`colossal_jax.data.tasks.sized_for_default_data`), plus the config's own count where its
     vocabulary differs."""
-    from colossal_jax.tasks import sized_for_default_data
-    from models.registry import FAMILIES
+    from colossal_jax.config.families import FAMILIES
+    from colossal_jax.data.tasks import sized_for_default_data
 
     rows = []
     for family in FAMILIES.values():
@@ -548,7 +554,7 @@ def model_rows() -> list[dict]:
 
 def list_models() -> list[str]:
     """``--list-models``: one line per model of every family (:func:`model_rows`)."""
-    from colossal_jax.data import BYTE_VOCAB
+    from colossal_jax.data.corpus import BYTE_VOCAB
 
     lines = [
         f"{'model':12s} {'family':6s} {'task':20s} {'layers':>6s} {'hidden':>6s} {'heads':>5s}  "
@@ -655,13 +661,13 @@ def config_from_args(args, n_devices: int) -> TrainConfig:
     cfg = dataclasses.replace(cfg, **_other_family_defaults(args.model))
     cfg = _apply_sets(cfg, args.set)
     _check_model_name(cfg.model)
-    rules.check_config(cfg, n_devices=n_devices)
+    check_config(cfg, n_devices=n_devices)
     return cfg
 
 
 def _with_family_defaults(args):
     """``value(dest)``: the flag as given, else the model family's default, else the library's."""
-    from models.registry import train_defaults
+    from colossal_jax.config.families import train_defaults
 
     family = {
         dest: train_defaults(args.model)[k]
@@ -684,7 +690,7 @@ def _with_family_defaults(args):
 
 def _other_family_defaults(model: str) -> dict:
     """The family's training defaults that no flag carries (e.g. ``eval_batches``)."""
-    from models.registry import train_defaults
+    from colossal_jax.config.families import train_defaults
 
     return {
         k: v
@@ -716,10 +722,10 @@ def _stop_if_signalled(where: str) -> None:
 def _init_distributed(args, cluster: str | None) -> None:
     """``jax.distributed.initialize`` with the explicit flags, or with none where ``cluster``
     (:func:`preflight.detect_cluster`) says JAX's auto-detection fills them in; then the peer
-    watchdog (:mod:`colossal_jax.watchdog`) with ``--peer-timeout``."""
+    watchdog (:mod:`colossal_jax.runtime.watchdog`) with ``--peer-timeout``."""
     import jax
 
-    from colossal_jax import watchdog
+    from colossal_jax.runtime import watchdog
 
     # CPU collectives across processes; has no effect on GPU/TPU backends
     jax.config.update("jax_cpu_collectives_implementation", "gloo")
@@ -748,7 +754,7 @@ def _init_distributed(args, cluster: str | None) -> None:
 def main(argv: list[str] | None = None) -> int:
     """Run the command line; returns the exit status (0, 2 configuration, 3 diverged, 130/143
     interrupted)."""
-    from colossal_jax.divergence import EXIT_CODE, Diverged
+    from colossal_jax.runtime.divergence import EXIT_CODE, Diverged
 
     try:
         args = build_parser().parse_args(argv)
@@ -759,7 +765,7 @@ def main(argv: list[str] | None = None) -> int:
             print("\n".join(list_models()))
             return 0
         preflight.check_args(args)
-        rules.check_peer_timeout(args.peer_timeout)
+        check_peer_timeout(args.peer_timeout)
         cluster = preflight.detect_cluster(
             os.environ, coordinator=args.coordinator, opt_out=args.no_cluster_detect
         )
@@ -781,7 +787,7 @@ def main(argv: list[str] | None = None) -> int:
         cfg = config_from_args(args, n)
         preflight.check_resume(cfg)
         _stop_if_signalled("before training started")
-        from colossal_jax.train import train
+        from colossal_jax.training.train import train
 
         notes = [note] if (note := warmup_note(cfg)) else []
         train(
@@ -805,7 +811,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def run() -> None:
-    """The process entry point: SIGINT/SIGTERM handlers (:mod:`colossal_jax.signals`), then
+    """The process entry point: SIGINT/SIGTERM handlers (:mod:`colossal_jax.runtime.signals`), then
     :func:`main`, then exit with its status. (``main`` alone, as tests call it, leaves the
     handlers of the calling program alone.)"""
     signals.install()

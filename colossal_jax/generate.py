@@ -1,7 +1,8 @@
 """Sampling text from a causal language model checkpoint, on any mesh.
 
 The run is rebuilt from the checkpoint's metadata (its architecture) on the mesh asked for, with
-the training machinery (:func:`colossal_jax.train.build`: mesh, tensor layout, sequence mode,
+the training machinery (:func:`colossal_jax.training.train.build`: mesh, tensor layout, sequence
+mode,
 parameter shardings); only the parameters are restored (:func:`checkpoint.restore_params`),
 straight into those shardings. Each new token is one jitted forward of the model as it trains
 (every layer routed to the layout), followed by temperature / top-k sampling.
@@ -16,7 +17,7 @@ attention over ``S²``, where a KV cache would cost ``2·N`` plus ``S``: fine fo
 trained here, wasteful for long outputs of big ones (no KV cache yet). Past ``S`` the window
 slides: the oldest tokens are dropped and positions restart at its start.
 
-The byte tokenizer of the text corpora (:mod:`colossal_jax.data`) encodes the prompt and
+The byte tokenizer of the text corpora (:mod:`colossal_jax.data.corpus`) encodes the prompt and
 decodes the output; ids beyond 255 (a model of a bigger vocabulary) print as ``<|id|>``.
 Sampling is deterministic for a seed on a given mesh: step ``i`` draws with
 ``fold_in(key(seed), i)``; batch rows are padded up to the mesh's batch shards and dropped.
@@ -33,6 +34,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from colossal_jax.config import ConfigError, OptimConfig, ParallelConfig, TrainConfig
+from colossal_jax.config.parallel_rules import check_axes_for_modes, check_parallel, uses_zigzag
+from colossal_jax.config.tensor_split import batch_shards
+from colossal_jax.config.train_rules import check_sampling
 
 
 @dataclass(frozen=True)
@@ -90,7 +94,7 @@ class Sampler:
         devices: int | None = None,
         step: int | None = None,
     ):
-        from colossal_jax.preflight import latest_checkpoint_meta
+        from colossal_jax.checks.preflight import latest_checkpoint_meta
 
         found = latest_checkpoint_meta(checkpoint_dir)
         if found is None:
@@ -147,8 +151,8 @@ class Sampler:
         and the jitted step of ``sampling``; each built once."""
         import jax
 
-        from colossal_jax.checkpoint import abstract_like, restore_params
-        from colossal_jax.train import build
+        from colossal_jax.training.checkpoint import abstract_like, restore_params
+        from colossal_jax.training.train import build
 
         shape = (rows, seq_len)
         if shape not in self._runs:
@@ -172,11 +176,10 @@ class Sampler:
         import jax
         import numpy as np
 
-        from colossal_jax import rules
-        from colossal_jax.data import encode
+        from colossal_jax.data.corpus import encode
 
         ids = [int(t) for t in encode(prompt)]
-        rules.check_sampling(
+        check_sampling(
             prompt_tokens=len(ids),
             max_new_tokens=sampling.max_new_tokens,
             temperature=sampling.temperature,
@@ -188,10 +191,10 @@ class Sampler:
         par = self.parallel
         # rows: a multiple of the batch shards (and of a pipeline's microbatches, which the
         # rules ask of any batch, though the forward here does not run the schedule)
-        shards = rules.batch_shards(par) * par.num_microbatches
+        shards = batch_shards(par) * par.num_microbatches
         rows = math.ceil(sampling.num_samples / shards) * shards
         # the checkpoint's recorded architecture decides, as the training run's model does
-        zigzag = rules.uses_zigzag(par, types.SimpleNamespace(**self.meta["architecture"]))
+        zigzag = uses_zigzag(par, types.SimpleNamespace(**self.meta["architecture"]))
         multiple = 2 * par.seq if zigzag else par.seq
         s = window(len(ids), sampling.max_new_tokens, self.max_window, multiple)
         run, params, step = self._build(rows, s, sampling)
@@ -309,7 +312,7 @@ def build_parser():
 def parallel_from_args(args, n_devices: int) -> ParallelConfig:
     """The mesh of ``--mesh/--tensor-mode/--tensor-depth/--seq-mode`` (as ``train.py`` reads
     them), checked against ``n_devices``."""
-    from colossal_jax import rules
+
     from colossal_jax.config import parse_mesh
 
     mesh = parse_mesh(
@@ -325,8 +328,8 @@ def parallel_from_args(args, n_devices: int) -> ParallelConfig:
         modes["seq_mode"] = "ring"
     pipe = mesh.get("pipe", 1)
     par = ParallelConfig(**mesh, **modes, microbatches=pipe if pipe > 1 else None)
-    rules.check_parallel(par, n_devices)
-    rules.check_axes_for_modes(par)
+    check_parallel(par, n_devices)
+    check_axes_for_modes(par)
     return par
 
 

@@ -6,7 +6,7 @@ encoder layers (``LN(x + attn(x))``, then ``LN(x + mlp(x))``) whose attention se
 (``causal=False``); an MLM decoder tied to the token embedding, with its own bias, as the
 paper's, reading the last layer's output through the paper's transform (dense ``h → h``,
 GELU, LayerNorm; a :class:`~colossal_jax.layers.HiddenDense`). The loss is scored where the
-data's weights are nonzero, the masked positions (:mod:`colossal_jax.masked_lm`). Differences
+data's weights are nonzero, the masked positions (:mod:`colossal_jax.data.masked_lm`). Differences
 from the paper: GELU is the tanh approximation of the library's MLP unless ``gelu="exact"``;
 token types come from the ``[SEP]`` tokens in the sequence (:func:`segments`), not from an
 input; no next-sentence head.
@@ -18,6 +18,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from colossal_jax.data.masked_lm import SpecialTokens
 from colossal_jax.layers import (
     MLP,
     Embed,
@@ -28,8 +29,7 @@ from colossal_jax.layers import (
     Stack,
 )
 from colossal_jax.layers.model import SequenceModel
-from colossal_jax.masked_lm import SpecialTokens
-from models.bert_config import BERT_MODELS, BertConfig
+from colossal_jax_models.bert_config import BERT_MODELS, BertConfig
 
 __all__ = ["BERT_MODELS", "Bert", "BertConfig", "Block", "segments"]
 

@@ -1,9 +1,9 @@
 """BERT architectures (Devlin et al. 2019, arXiv 1810.04805) as plain data: :class:`BertConfig`
-and the named sizes :data:`BERT_MODELS` (registered in :mod:`models.registry`).
+and the named sizes :data:`BERT_MODELS` (registered in :mod:`colossal_jax_models.registry`).
 
 Nothing here imports JAX or Flax. ``vocab_size`` is the paper's WordPiece vocabulary (30,522)
 until a run sizes it for its data: the masked-LM task of the embedded corpus has 256 byte tokens
-and 4 special tokens, padded to 320 (:mod:`colossal_jax.masked_lm`).
+and 4 special tokens, padded to 320 (:mod:`colossal_jax.data.masked_lm`).
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ class BertConfig:
       gelu: the GeLU of the MLP and of the MLM transform, ``"tanh"`` (approximation) or
         ``"exact"`` (erf, the paper's and HF's ``"gelu"``).
       sep_token: the ``[SEP]`` id that token types count; ``None``: the last four ids of the
-        vocabulary are the special tokens (:mod:`colossal_jax.masked_lm`) and ``[SEP]`` is the
+        vocabulary are the special tokens (:mod:`colossal_jax.data.masked_lm`) and ``[SEP]`` is the
         second of them. A WordPiece vocabulary's is 102 (``--set model.sep_token=102``).
     """
 
@@ -49,7 +49,8 @@ class BertConfig:
     position = "learned"
     """Positions come from a learned table (``block_size`` rows)."""
     causal = False
-    """Attention sees every position (an encoder; :func:`colossal_jax.rules.is_causal`)."""
+    """Attention sees every position (an encoder;
+    :func:`colossal_jax.config.parallel_rules.is_causal`)."""
 
     @property
     def mlp_width(self) -> int:
@@ -62,7 +63,8 @@ class BertConfig:
         return self.n_layer * (4 * h * h + 2 * h * w) + h * h + h * self.vocab_size
 
     def param_count(self) -> int:
-        """Parameters of ``models.bert.Bert(self)``: token, position and type embeddings with
+        """Parameters of ``colossal_jax_models.bert.Bert(self)``: token, position and type
+        embeddings with
         their layer norm, the post-LN layers, the MLM decoder's bias (its weights are the
         token embedding's) and its transform (dense and layer norm)."""
         h, w, v = self.n_embd, self.mlp_width, self.vocab_size

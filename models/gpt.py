@@ -15,9 +15,9 @@ from flax import nnx
 
 from colossal_jax.layers import MLP, Dense, Embed, LayerNorm, SelfAttention, Stack
 from colossal_jax.layers.model import SequenceModel
-from models.configs import MODELS, GPTConfig, model_config
+from colossal_jax_models.gpt_config import GPTConfig
 
-__all__ = ["GPT", "Block", "GPTConfig", "MODELS", "model_config", "count_params"]
+__all__ = ["GPT", "Block", "GPTConfig", "count_params"]
 
 
 class Block(nnx.Module):

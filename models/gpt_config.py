@@ -1,8 +1,8 @@
 """GPT-2 / GPT-3 architectures as plain data: :class:`GPTConfig` and the named sizes
-:data:`GPT_MODELS` (registered in :mod:`models.registry`).
+:data:`GPT_MODELS` (registered in :mod:`colossal_jax_models.registry`).
 
 Nothing here imports JAX or Flax, so the command line can size a model and check every
-configuration rule (:mod:`colossal_jax.rules`) before JAX starts.
+configuration rule (:mod:`colossal_jax.config`) before JAX starts.
 """
 
 from __future__ import annotations
@@ -48,7 +48,8 @@ class GPTConfig:
         return self.n_layer * (4 * h * h + 2 * h * w) + h * self.vocab_size
 
     def param_count(self) -> int:
-        """Parameters of ``models.gpt.GPT(self)``: embeddings, layers (with biases and layer
+        """Parameters of ``colossal_jax_models.gpt.GPT(self)``: embeddings, layers (with biases and
+        layer
         norms), the final norm and the untied LM head."""
         h, w, v = self.n_embd, self.mlp_width, self.vocab_size
         layer = 4 * h * h + 4 * h + 2 * h * w + w + h + 4 * h  # attention, MLP, two layer norms

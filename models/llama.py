@@ -15,7 +15,7 @@ from flax import nnx
 
 from colossal_jax.layers import Dense, Embed, RMSNorm, SelfAttention, Stack, SwiGLU
 from colossal_jax.layers.model import SequenceModel
-from models.llama_config import LLAMA_MODELS, LlamaConfig, llama_config
+from colossal_jax_models.llama_config import LLAMA_MODELS, LlamaConfig, llama_config
 
 __all__ = ["Llama", "LlamaBlock", "LlamaConfig", "LLAMA_MODELS", "llama_config"]
 
@@ -44,7 +44,7 @@ class LlamaBlock(nnx.Module):
 
 class Llama(SequenceModel):
     """``embed → blocks → head``, the three parts a pipeline schedule, gradient accumulation and
-    remat wrap (the interface of :class:`models.gpt.GPT`)."""
+    remat wrap (the interface of :class:`colossal_jax_models.gpt.GPT`)."""
 
     def __init__(self, cfg: LlamaConfig, *, rngs: nnx.Rngs, unroll: bool | None = None):
         self.cfg = cfg

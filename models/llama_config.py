@@ -2,10 +2,10 @@
 et al. 2024, arXiv 2407.21783) as plain data: :class:`LlamaConfig` and the named
 :data:`LLAMA_MODELS`.
 
-Nothing here imports JAX or Flax, so configuration rules (:mod:`colossal_jax.rules`) and memory
+Nothing here imports JAX or Flax, so configuration rules (:mod:`colossal_jax.config`) and memory
 estimates can read a config before JAX starts. Field names are GPTConfig's where they mean the
 same (``vocab_size, block_size, n_layer, n_head, n_embd, eps, rope_theta``, ``mlp_width``,
-``matmul_params()``, ``flops_per_token()``); :mod:`models.llama` builds the model.
+``matmul_params()``, ``flops_per_token()``); :mod:`colossal_jax_models.llama` builds the model.
 """
 
 from __future__ import annotations
@@ -98,7 +98,8 @@ class LlamaConfig:
         return 6.0 * self.matmul_params() + 12.0 * self.n_layer * seq_len * self.n_embd
 
     def param_count(self) -> int:
-        """Parameters of ``models.llama.Llama``: token embedding, layers (no biases; two RMSNorm
+        """Parameters of ``colossal_jax_models.llama.Llama``: token embedding, layers (no biases;
+        two RMSNorm
         scales each), the final RMSNorm and the LM head unless tied."""
         h, w, kv = self.n_embd, self.mlp_width, self.n_kv_head * self.head_dim
         layer = 2 * h * h + 2 * h * kv + 3 * h * w + 2 * h

@@ -1,7 +1,7 @@
 """Vision Transformer (Dosovitskiy et al. 2021, arXiv 2010.11929), written once on the library's
 layers.
 
-An image arrives as tokens (:mod:`colossal_jax.images`): row 0 is the class token's slot, rows
+An image arrives as tokens (:mod:`colossal_jax.data.images`): row 0 is the class token's slot, rows
 ``1..P`` the flattened patches. The patch embedding is a dense map of each token's pixels
 (:class:`~colossal_jax.layers.FeatureEmbed`) with one more input, the indicator of the class
 slot, so the class token is that input's learned row (plus the shared bias): ViT's learnable
@@ -22,7 +22,7 @@ from flax import nnx
 
 from colossal_jax.layers import MLP, Dense, Embed, FeatureEmbed, LayerNorm, SelfAttention, Stack
 from colossal_jax.layers.model import SequenceModel
-from models.vit_config import VIT_MODELS, ViTConfig
+from colossal_jax_models.vit_config import VIT_MODELS, ViTConfig
 
 __all__ = ["VIT_MODELS", "Block", "ViT", "ViTConfig"]
 

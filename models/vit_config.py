@@ -1,5 +1,6 @@
 """Vision Transformer architectures (Dosovitskiy et al. 2021, arXiv 2010.11929) as plain data:
-:class:`ViTConfig` and the named sizes :data:`VIT_MODELS` (registered in :mod:`models.registry`).
+:class:`ViTConfig` and the named sizes :data:`VIT_MODELS` (registered in
+:mod:`colossal_jax_models.registry`).
 
 Nothing here imports JAX or Flax. An image of ``image_size²`` pixels and ``channels`` channels
 is cut into ``(image_size / patch_size)²`` patches; with the class token in front, that is the
@@ -59,7 +60,8 @@ class ViTConfig:
     position = "learned"
     """Positions come from a learned table (``block_size`` rows)."""
     causal = False
-    """Attention sees every position (an encoder; :func:`colossal_jax.rules.is_causal`)."""
+    """Attention sees every position (an encoder;
+    :func:`colossal_jax.config.parallel_rules.is_causal`)."""
 
     @property
     def n_patches(self) -> int:
@@ -98,7 +100,8 @@ class ViTConfig:
         return inputs * h + self.n_layer * (4 * h * h + 2 * h * w) + h * self.vocab_size
 
     def param_count(self) -> int:
-        """Parameters of ``models.vit.ViT(self)``: patch embedding (its last input row is the
+        """Parameters of ``colossal_jax_models.vit.ViT(self)``: patch embedding (its last input row
+        is the
         class token), position table, pre-LN layers, the final norm and the head."""
         h, w = self.n_embd, self.mlp_width
         layer = 4 * h * h + 4 * h + 2 * h * w + w + h + 4 * h  # attention, MLP, two layer norms

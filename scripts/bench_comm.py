@@ -15,8 +15,6 @@ import os
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
 
 def parse(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
@@ -54,8 +52,8 @@ def main(argv=None) -> int:
     import jax
 
     jax.config.update("jax_default_matmul_precision", "highest")
-    from colossal_jax.commbench import Shape, measure
     from colossal_jax.tensor.cost import grids
+    from colossal_jax_benchmarks.commbench import Shape, measure
 
     blocks = [b.strip() for b in args.blocks.split(",") if b.strip()]
     for b in blocks:

@@ -6,11 +6,8 @@ paired ratios t(L) / t(first depth).
 """
 
 import sys
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from benchmarks.depth import main  # noqa: E402
+from colossal_jax_benchmarks.depth import main  # noqa: E402
 
 if __name__ == "__main__":
     sys.exit(main())

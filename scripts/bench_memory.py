@@ -32,8 +32,6 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
 DEPTHS = (2, 4, 8, 12, 16, 24, 32)
 WIDTHS = (128, 256, 384, 512, 768, 1024)
 MIB = 2**20
@@ -111,13 +109,13 @@ def main(argv=None) -> int:
     if args.devices < 1:
         print(f"error: --devices {args.devices} must be at least 1", file=sys.stderr)
         return 2
-    from colossal_jax.devices import simulate_cpu_devices
+    from colossal_jax.runtime.devices import simulate_cpu_devices
 
     simulate_cpu_devices(args.devices, force_cpu=True)
     import jax
 
     jax.config.update("jax_default_matmul_precision", "highest")
-    from colossal_jax import memorybench as mb
+    from colossal_jax_benchmarks import memorybench as mb
 
     t_start = time.perf_counter()
     model = mb.Model(batch=args.batch_size, seq=args.seq_len)

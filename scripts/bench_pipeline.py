@@ -7,7 +7,8 @@ compiled (never run) and measured:
 
 - ``temp_bytes``: per-device temporary bytes of the compiled step (``memory_analysis``);
 - ``flops_per_device``: matmul FLOPs the busiest device executes in one step, read from the
-  compiled HLO (:func:`colossal_jax.hlo.matmul_flops`: loops times their trip counts, the tick
+  compiled HLO (:func:`colossal_jax.analysis.hlo.matmul_flops`: loops times their trip counts, the
+  tick
   switch's branches times how often the table runs them on that stage);
 - ``xla_cost_flops``: XLA's own ``cost_analysis()`` figure for comparison (it counts a loop body
   once and a conditional as its costliest branch, so it is not a per-step count);
@@ -31,8 +32,6 @@ import json
 import os
 import sys
 from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 CASES = [(4, 8), (2, 4)]
 SCHEDULES = [("gpipe", 1), ("1f1b", 1), ("interleaved", 2)]
@@ -63,10 +62,10 @@ def _config(p: int, schedule: str, m: int, v: int, devices: int, batch: int, seq
 def measure(schedule: str, p: int, m: int, v: int, devices: int, batch: int, seq: int) -> dict:
     import jax
 
-    from colossal_jax.checkpoint import abstract_like
-    from colossal_jax.hlo import matmul_flops
+    from colossal_jax.analysis.hlo import matmul_flops
     from colossal_jax.pipeline.schedule import BRANCHES
-    from colossal_jax.train import build, global_batch, make_train_step
+    from colossal_jax.training.checkpoint import abstract_like
+    from colossal_jax.training.train import build, global_batch, make_train_step
 
     run = build(_config(p, schedule, m, v, devices, batch, seq))
     abstract_params = abstract_like(run.abstract_params, run.param_shardings)

@@ -18,8 +18,6 @@ import os
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
@@ -46,7 +44,7 @@ def main(argv=None) -> int:
         os.environ.get("XLA_FLAGS", "") + f" --xla_force_host_platform_device_count={n}"
     ).strip()
     os.environ.setdefault("JAX_PLATFORMS", "cpu")
-    from colossal_jax.seqbench import (
+    from colossal_jax_benchmarks.seqbench import (
         attention_bytes,
         candidates,
         layer_memory_bytes,

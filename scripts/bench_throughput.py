@@ -8,11 +8,8 @@ and the training loop's time outside the compiled step (``benchmarks/throughput.
 """
 
 import sys
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from benchmarks.throughput import main  # noqa: E402
+from colossal_jax_benchmarks.throughput import main  # noqa: E402
 
 if __name__ == "__main__":
     sys.exit(main())

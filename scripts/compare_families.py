@@ -24,7 +24,6 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
 
 REFERENCE = ["--mesh", "data=8"]
 MODES: dict[str, list[str]] = {
@@ -90,7 +89,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rtol", type=float, default=1e-4)
     p.add_argument("--json", type=Path, default=None, help="write the curves and differences here")
     args = p.parse_args(argv)
-    from models.registry import task_of
+    from colossal_jax.config.families import task_of
 
     models = args.model or ["bert-tiny", "vit-tiny"]
     out: dict = {"steps": args.steps, "rtol": args.rtol, "reference": " ".join(REFERENCE)}

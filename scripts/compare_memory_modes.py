@@ -17,8 +17,6 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
 CASES: list[tuple[str, dict, dict]] = [
     *[
         (f"zero{z} accum{a}", {"data": 8, "zero": z}, {"grad_accum": a})
@@ -50,13 +48,13 @@ def main(argv: list[str] | None = None) -> int:
         help="steps of the default run (gpt2-tiny, batch 16×128), bf16/fp16 vs fp32; 0: skip",
     )
     args = ap.parse_args(argv)
-    from colossal_jax.devices import simulate_cpu_devices
+    from colossal_jax.runtime.devices import simulate_cpu_devices
 
     simulate_cpu_devices(args.devices)
     import numpy as np
 
     from colossal_jax.config import ParallelConfig, TrainConfig
-    from colossal_jax.train import train
+    from colossal_jax.training.train import train
 
     def curve(par: dict, extra: dict) -> tuple[np.ndarray, float]:
         cfg = TrainConfig(

@@ -7,11 +7,8 @@ Then: `transformers.AutoModelForCausalLM.from_pretrained(OUT_DIR)`. See docs/hug
 """
 
 import sys
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from colossal_jax.hf.export import main  # noqa: E402
+from colossal_jax.hf_export import main  # noqa: E402
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -7,9 +7,6 @@
 """
 
 import sys
-from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from colossal_jax.generate import main  # noqa: E402  (imports no JAX: --devices comes first)
 

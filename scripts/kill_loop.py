@@ -23,8 +23,6 @@ import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
 import crashlib  # noqa: E402
 
 EVERY = 2

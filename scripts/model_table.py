@@ -10,8 +10,6 @@ import argparse
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
 from colossal_jax.cli import model_table  # noqa: E402
 
 BEGIN, END = "<!-- models -->", "<!-- /models -->"

@@ -15,9 +15,6 @@ from __future__ import annotations
 
 import argparse
 import sys
-from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from colossal_jax.pipeline.schedule import FORWARD, SCHEDULES, Schedule, build  # noqa: E402
 

@@ -7,12 +7,8 @@ Examples:
   python scripts/train.py --checkpoint-dir /tmp/run1        # re-run the same command to resume
 """
 
-import sys
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from colossal_jax import signals  # noqa: E402  (first: Ctrl-C from here on stops cleanly)
+from colossal_jax.runtime import signals  # noqa: E402  (first: Ctrl-C from here on stops cleanly)
 
 signals.install()
 

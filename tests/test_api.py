@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 import colossal_jax as cj
-from colossal_jax.data import Batches, load_corpus, split_corpus
+from colossal_jax.data.corpus import Batches, load_corpus, split_corpus
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -3,7 +3,7 @@ from compiled memory analysis match docs/formulas.md section 4 for every ZeRO st
 
 import pytest
 
-from colossal_jax import memorybench as mb
+from colossal_jax_benchmarks import memorybench as mb
 
 # n_embd=100: the attention kernels (100×100 per layer), the norms and some biases have no
 # dimension that divides by 8, so ZeRO leaves them replicated and the formula counts them whole.

@@ -14,8 +14,8 @@ import json
 
 import pytest
 
-from benchmarks.throughput import main as bench_main
-from benchmarks.throughput import neighbour_ratios
+from colossal_jax_benchmarks.throughput import main as bench_main
+from colossal_jax_benchmarks.throughput import neighbour_ratios
 from tests.helpers import TINY_MODEL
 
 SMALL = {**TINY_MODEL, "n_layer": 1, "n_head": 8, "n_embd": 32, "block_size": 16}

@@ -21,7 +21,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from colossal_jax import cli, preflight
+from colossal_jax import cli
+from colossal_jax.checks import preflight
 from colossal_jax.config import ConfigError
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -230,7 +231,7 @@ def nothing_compiles(monkeypatch):
     """Fail where the run would first compile, or would start a multi-process runtime."""
     import jax
 
-    import colossal_jax.train as train
+    import colossal_jax.training.train as train
 
     def compile_(*_, **__):
         raise AssertionError("reached init_state: nothing refused this input")
@@ -314,7 +315,8 @@ def test_every_flag_has_help():
 def test_list_models_counts_what_a_run_trains(capsys):
     from flax import nnx
 
-    from models.gpt import GPT, MODELS
+    from colossal_jax.config.families import MODELS
+    from colossal_jax_models.gpt import GPT
 
     assert cli.main(["--list-models"]) == 0
     out = capsys.readouterr().out.splitlines()

@@ -16,10 +16,10 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from colossal_jax import cli
+from colossal_jax.analysis.hlo import analyze
 from colossal_jax.config import ConfigError, ParallelConfig
-from colossal_jax.hlo import analyze
-from colossal_jax.mesh import build_mesh
-from colossal_jax.sharding import make_layout
+from colossal_jax.parallel.mesh import build_mesh
+from colossal_jax.parallel.sharding import make_layout
 from colossal_jax.tensor.layout import per_stage_branches
 from tests.helpers import losses, tiny_config
 

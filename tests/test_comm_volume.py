@@ -6,15 +6,15 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from colossal_jax.commbench import Shape, measure
-from colossal_jax.hlo import analyze
-from colossal_jax.seqbench import attention_bytes
+from colossal_jax.analysis.hlo import analyze
 from colossal_jax.sequence.cost import (
     ring_backward_elements,
     ring_forward_elements,
     ulysses_forward_elements,
 )
 from colossal_jax.tensor.cost import Grid, grids, mlp_elements
+from colossal_jax_benchmarks.commbench import Shape, measure
+from colossal_jax_benchmarks.seqbench import attention_bytes
 
 HLO = """HloModule m, num_partitions=8
 

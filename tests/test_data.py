@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from colossal_jax.config import ConfigError
-from colossal_jax.data import Batches, decode, encode, load_corpus
+from colossal_jax.data.corpus import Batches, decode, encode, load_corpus
 
 
 def test_embedded_corpus_needs_no_download():

@@ -21,7 +21,7 @@ def test_data_parallel_matches_single_device(single_device_losses, zero):
 
 
 def test_zero1_shards_optimizer_state_eight_ways():
-    from colossal_jax.train import build, init_state, per_device_bytes
+    from colossal_jax.training.train import build, init_state, per_device_bytes
 
     sizes = {}
     for zero in (0, 1):
@@ -35,7 +35,7 @@ def test_zero1_shards_optimizer_state_eight_ways():
 
 def test_zero1_memory_analysis_of_the_step():
     """The compiled step's argument bytes fall by 7/8 of the optimizer state under ZeRO-1."""
-    from colossal_jax.train import (
+    from colossal_jax.training.train import (
         build,
         global_batch,
         init_state,

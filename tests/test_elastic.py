@@ -11,9 +11,10 @@ import shutil
 import numpy as np
 import pytest
 
-from colossal_jax import rules
+from colossal_jax.checks.validate import check_config
 from colossal_jax.config import ConfigError, ParallelConfig
-from colossal_jax.train import train
+from colossal_jax.config.model_rules import grad_accum_of
+from colossal_jax.training.train import train
 from tests.helpers import tiny_config
 
 # batch 16 = 2 sequences per shard on data=8; TINY_MODEL (hidden 64, 4 heads, mlp 256, the
@@ -64,7 +65,7 @@ def test_a_data8_checkpoint_resumes_elsewhere_with_the_same_losses(
         checkpoint_every=5,
         device_batch=device_batch,
     )
-    assert rules.grad_accum_of(cfg) == accum
+    assert grad_accum_of(cfg) == accum
     resumed = _quiet(cfg)
     assert resumed.start_step == 5
     np.testing.assert_allclose(resumed.losses, full[5:], rtol=1e-4)
@@ -80,15 +81,15 @@ def _cfg(batch: int, device_batch: int | None, grad_accum: int = 1, **par):
 
 
 def test_device_batch_derives_the_accumulation_from_the_mesh():
-    assert rules.grad_accum_of(_cfg(32, None, 3, data=8)) == 3
-    assert rules.grad_accum_of(_cfg(32, 2, data=8)) == 2
-    assert rules.grad_accum_of(_cfg(32, 2, data=4)) == 4
-    assert rules.grad_accum_of(_cfg(32, 2, data=2, tensor_row=4, tensor_mode="1d")) == 8
+    assert grad_accum_of(_cfg(32, None, 3, data=8)) == 3
+    assert grad_accum_of(_cfg(32, 2, data=8)) == 2
+    assert grad_accum_of(_cfg(32, 2, data=4)) == 4
+    assert grad_accum_of(_cfg(32, 2, data=2, tensor_row=4, tensor_mode="1d")) == 8
     cube = dict(data=1, tensor_row=2, tensor_col=2, tensor_depth=2, tensor_mode="3d")
-    assert rules.grad_accum_of(_cfg(32, 2, **cube)) == 4  # 3d splits the batch q² = 4 ways
+    assert grad_accum_of(_cfg(32, 2, **cube)) == 4  # 3d splits the batch q² = 4 ways
     # with a pipeline, each of its M microbatches is accumulated: 32 / (4 shards · 4 M · 1)
-    assert rules.grad_accum_of(_cfg(32, 1, data=4, pipe=2, microbatches=4)) == 2
-    assert rules.grad_accum_of(_cfg(32, 2, 2, data=8)) == 2  # a consistent --grad-accum
+    assert grad_accum_of(_cfg(32, 1, data=4, pipe=2, microbatches=4)) == 2
+    assert grad_accum_of(_cfg(32, 2, 2, data=8)) == 2  # a consistent --grad-accum
 
 
 @pytest.mark.parametrize(
@@ -110,10 +111,10 @@ def test_device_batch_derives_the_accumulation_from_the_mesh():
     ],
 )
 def test_device_batch_rules(batch, device_batch, grad_accum, par, message):
-    from models.configs import model_config
+    from colossal_jax.config.families import model_config
 
     cfg = _cfg(batch, device_batch, grad_accum, **par)
     model = model_config(cfg.model, **cfg.model_overrides)
     with pytest.raises(ConfigError, match=None) as info:
-        rules.check_config(cfg, model)
+        check_config(cfg, model)
     assert message in str(info.value), str(info.value)

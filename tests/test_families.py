@@ -13,8 +13,8 @@ import pytest
 from jax.sharding import NamedSharding
 
 from colossal_jax.config import OptimConfig, ParallelConfig, TrainConfig
-from colossal_jax.mesh import build_mesh
-from colossal_jax.sharding import make_layout
+from colossal_jax.parallel.mesh import build_mesh
+from colossal_jax.parallel.sharding import make_layout
 from colossal_jax.tensor import features
 from tests.helpers import losses
 

@@ -17,8 +17,9 @@ transformers = pytest.importorskip(
 )
 torch = pytest.importorskip("torch", reason="the Hugging Face bridge tests need torch")
 
-from colossal_jax import rules  # noqa: E402
+from colossal_jax.checks.validate import resolve_model  # noqa: E402
 from colossal_jax.config import ConfigError, ParallelConfig, TrainConfig  # noqa: E402
+from colossal_jax.hf.checks import check_init_from_hf, model_overrides  # noqa: E402
 
 HF_SHAPE = {"vocab_size": 128, "n_positions": 32, "n_embd": 64, "n_layer": 2, "n_head": 4}
 SEQ = 16
@@ -79,7 +80,7 @@ def _logits(run, params, tokens):
 )
 def test_imported_gpt2_logits_match_transformers(hf_dir, parallel):
     from colossal_jax.hf.load import load_params
-    from colossal_jax.train import build, init_state
+    from colossal_jax.training.train import build, init_state
 
     path, tokens, want = hf_dir
     run = build(_config(path, parallel))
@@ -102,10 +103,10 @@ def test_imported_gpt2_logits_match_transformers(hf_dir, parallel):
 def test_export_then_import_is_bit_exact_and_transformers_agrees(hf_dir, tmp_path):
     """Our own random init (untied head ≠ embedding) saved as a checkpoint, exported, loaded by
     transformers (same logits) and imported again (same bits)."""
-    from colossal_jax.checkpoint import Checkpointer
-    from colossal_jax.hf.export import main as export_main
     from colossal_jax.hf.load import load_params
-    from colossal_jax.train import _meta, build, init_state
+    from colossal_jax.hf_export import main as export_main
+    from colossal_jax.training.checkpoint import Checkpointer
+    from colossal_jax.training.train import _meta, build, init_state
 
     _, tokens, _ = hf_dir
     arch = {"n_layer": 2, "n_embd": 64, "n_head": 4, "block_size": 32, "vocab_size": 128}
@@ -140,7 +141,7 @@ def test_other_file_layouts_load_the_same_parameters(hf_dir, tmp_path):
     import shutil
 
     from colossal_jax.hf.load import load_params
-    from colossal_jax.train import build
+    from colossal_jax.training.train import build
 
     path, _, _ = hf_dir
     model = transformers.GPT2LMHeadModel.from_pretrained(path)
@@ -174,26 +175,26 @@ def test_other_file_layouts_load_the_same_parameters(hf_dir, tmp_path):
 def test_directory_rules(hf_dir, tmp_path):
     path, _, _ = hf_dir
     # the directory sets the architecture; --set may repeat it, not contradict it
-    assert rules.model_overrides(_config(path, model_overrides={"n_layer": 2}))["n_embd"] == 64
+    assert model_overrides(_config(path, model_overrides={"n_layer": 2}))["n_embd"] == 64
     with pytest.raises(ConfigError, match=r"--set model.n_layer=3 contradicts --init-from-hf"):
-        rules.check_init_from_hf(_config(path, model_overrides={"n_layer": 3}))
+        check_init_from_hf(_config(path, model_overrides={"n_layer": 3}))
     with pytest.raises(ConfigError, match="is not a directory"):
-        rules.check_init_from_hf(_config(tmp_path / "missing"))
+        check_init_from_hf(_config(tmp_path / "missing"))
 
     other = tmp_path / "relu"
     other.mkdir()
     config = json.loads((path / "config.json").read_text())
     (other / "config.json").write_text(json.dumps({**config, "activation_function": "relu"}))
     with pytest.raises(ConfigError, match="activation_function='relu'.*'gelu_new'"):
-        rules.check_init_from_hf(_config(other))
+        check_init_from_hf(_config(other))
     (other / "config.json").write_text(json.dumps(config))
     with pytest.raises(ConfigError, match="no weights"):
-        rules.check_init_from_hf(_config(other))
+        check_init_from_hf(_config(other))
     (other / "config.json").write_text(json.dumps({**config, "model_type": "t5"}))
     with pytest.raises(ConfigError, match="'t5' model.*mapped families are bert, gpt2"):
-        rules.check_init_from_hf(_config(other))
+        check_init_from_hf(_config(other))
     with pytest.raises(ConfigError, match="has token ids up to 255.*vocabulary of 128"):
-        rules.resolve_model(dataclasses.replace(_config(path), data="stdlib"), 256)
+        resolve_model(dataclasses.replace(_config(path), data="stdlib"), 256)
 
 
 def test_cli_flag_reports_a_bad_directory(tmp_path, capsys):

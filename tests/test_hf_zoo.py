@@ -84,7 +84,7 @@ def _bert():
 def _bert_batch(rng):
     """``[CLS] A [SEP] B [SEP]`` with our special ids (the last four of 128); HF is given the
     token types our model computes from the ``[SEP]`` tokens."""
-    from colossal_jax.masked_lm import SpecialTokens
+    from colossal_jax.data.masked_lm import SpecialTokens
 
     special = SpecialTokens.of(128)
     tokens = rng.integers(0, special.cls, (BATCH, 16), np.int32)
@@ -114,7 +114,7 @@ def _vit():
 
 
 def _image_batch(rng):
-    from colossal_jax.images import patchify
+    from colossal_jax.data.images import patchify
 
     images = rng.standard_normal((BATCH, 8, 8, 3)).astype(np.float32)
     patches = patchify(images, 4)
@@ -179,7 +179,7 @@ def _flat(tree) -> dict[str, np.ndarray]:
 @pytest.mark.parametrize("mesh", list(MESHES))
 def test_imported_logits_match_transformers(family, mesh):
     from colossal_jax.hf.load import load_params
-    from colossal_jax.train import build
+    from colossal_jax.training.train import build
 
     case, path, (tokens, positions), want = family
     run = build(_config(case, path, MESHES[mesh]))
@@ -194,12 +194,12 @@ def test_export_round_trips_bit_for_bit(family, tmp_path):
     """Import, save as our checkpoint, export: the HF tensors come back bit for bit, and
     ``transformers`` loads the export as the family's architecture; importing the export gives
     our parameters bit for bit."""
-    from colossal_jax.checkpoint import Checkpointer
     from colossal_jax.hf import family as hf_family
-    from colossal_jax.hf.export import main as export_main
     from colossal_jax.hf.load import load_params
     from colossal_jax.hf.tensors import read_tensors
-    from colossal_jax.train import _meta, build, init_state
+    from colossal_jax.hf_export import main as export_main
+    from colossal_jax.training.checkpoint import Checkpointer
+    from colossal_jax.training.train import _meta, build, init_state
 
     case, path, (tokens, positions), want = family
     cfg = _config(case, path, MESHES["one-device"])
@@ -232,7 +232,7 @@ def test_bert_sep_token_is_set_by_the_directory_or_by_set(tmp_path):
     """A BERT ``config.json`` without ``sep_token_id`` leaves ``model.sep_token`` to ``--set``
     (a WordPiece vocabulary's 102); one with it sets it, and a different ``--set`` is refused."""
     from colossal_jax.config import ConfigError
-    from colossal_jax.rules import model_overrides
+    from colossal_jax.hf.checks import model_overrides
 
     config = transformers.BertConfig(vocab_size=128, hidden_size=64).to_dict()
     config["model_type"] = "bert"

@@ -14,9 +14,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from colossal_jax.checks.preflight import detect_cluster
 from colossal_jax.config import ConfigError
-from colossal_jax.preflight import detect_cluster
-from colossal_jax.watchdog import Beats, lost_line
+from colossal_jax.runtime.watchdog import Beats, lost_line
 
 ROOT = Path(__file__).resolve().parent.parent
 TRAIN = str(ROOT / "scripts" / "train.py")
@@ -275,7 +275,7 @@ def test_sigterm_to_one_process_stops_both_at_the_same_step(tmp_path):
     """A scheduler may signal one process of a job: the steps carry every process's stop flag
     (``train.stop_flags``), so both processes stop after the same step, save one checkpoint of
     it together and exit 143 with one line, within 30 s."""
-    from colossal_jax.checkpoint import Checkpointer
+    from colossal_jax.training.checkpoint import Checkpointer
     from tests.test_multiprocess import _free_port
 
     metrics, ckpt = tmp_path / "m.jsonl", tmp_path / "ck"

@@ -16,19 +16,12 @@ from flax import nnx
 from jax.sharding import NamedSharding
 
 from colossal_jax.config import ParallelConfig
-from colossal_jax.layers import (
-    Embed,
-    HiddenDense,
-    RMSNorm,
-    SelfAttention,
-    SwiGLU,
-    use_parallelism,
-)
+from colossal_jax.layers import Embed, HiddenDense, RMSNorm, SelfAttention, SwiGLU, use_parallelism
 from colossal_jax.layers.rope import apply_rope
-from colossal_jax.mesh import build_mesh
+from colossal_jax.parallel.mesh import build_mesh
+from colossal_jax.parallel.sharding import make_layout, make_local_attention, tree_shardings
 from colossal_jax.sequence.local import dot_product_attention
 from colossal_jax.sequence.zigzag import zigzag_permutation
-from colossal_jax.sharding import make_layout, make_local_attention, tree_shardings
 from colossal_jax.tensor.replicated import ReplicatedLayout
 from tests.test_masks import plain_attention
 

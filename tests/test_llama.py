@@ -14,18 +14,19 @@ import pytest
 from flax import nnx
 from jax.sharding import NamedSharding
 
-from colossal_jax import rules
 from colossal_jax.config import ConfigError, ParallelConfig, TrainConfig
+from colossal_jax.config.model_rules import check_run
+from colossal_jax.config.parallel_rules import uses_zigzag
 from colossal_jax.layers import use_parallelism
-from colossal_jax.mesh import build_mesh
+from colossal_jax.parallel.mesh import build_mesh
+from colossal_jax.parallel.sharding import make_layout, make_local_attention, tree_shardings
+from colossal_jax.parallel.step import sharded_value_and_grad, stack_layer_dims
+from colossal_jax.parallel.zero import zero_dims
 from colossal_jax.sequence.local import dot_product_attention
 from colossal_jax.sequence.zigzag import zigzag_permutation
-from colossal_jax.sharding import make_layout, make_local_attention, tree_shardings
-from colossal_jax.step import sharded_value_and_grad, stack_layer_dims
 from colossal_jax.tensor.replicated import ReplicatedLayout
-from colossal_jax.zero import zero_dims
-from models.llama import Llama
-from models.llama_config import LLAMA_MODELS, llama_config
+from colossal_jax_models.llama import Llama
+from colossal_jax_models.llama_config import LLAMA_MODELS, llama_config
 
 # Hugging Face's parameter counts of the released checkpoints
 PUBLISHED = {
@@ -66,13 +67,13 @@ def test_config_errors():
     with pytest.raises(
         ConfigError, match=r"kv_heads=4 is not divisible by 8.*tensor ∈ \{1, 2, 4\}"
     ):
-        rules.check_run(cfg, tiny)
-    rules.check_run(
+        check_run(cfg, tiny)
+    check_run(
         dataclasses.replace(cfg, parallel=ParallelConfig(data=2, tensor_row=4, tensor_mode="1d")),
         tiny,
     )
     # llama is causal: a ring keeps zigzag order (2·seq chunks)
-    assert rules.uses_zigzag(ParallelConfig(seq=4, seq_mode="ring"), tiny)
+    assert uses_zigzag(ParallelConfig(seq=4, seq_mode="ring"), tiny)
 
 
 B, S = 8, 16
@@ -88,7 +89,7 @@ def _batch():
 
 def _loss_and_grads(cfg, layout, local, order=None):
     """One device: ``jax.value_and_grad`` of ``Llama.loss``. A mesh: the training step's program
-    (:func:`colossal_jax.step.sharded_value_and_grad`, every mesh axis manual)."""
+    (:func:`colossal_jax.parallel.step.sharded_value_and_grad`, every mesh axis manual)."""
     # a scan over the layers, as deeper models run (one layer body to compile)
     graphdef, params = nnx.split(Llama(cfg, rngs=nnx.Rngs(0), unroll=False))
     batch = dict(zip(("tokens", "positions", "targets", "weights"), _batch(), strict=True))
@@ -144,7 +145,7 @@ def test_llama_tiny_loss_and_grads_match_one_device(par, tie):
         hidden=cfg.n_embd, mlp=cfg.mlp_width, heads=cfg.n_head, vocab=cfg.vocab_size,
         kv_heads=cfg.n_kv_head,
     )  # fmt: skip
-    order = zigzag_permutation(S, par.seq) if rules.uses_zigzag(par, cfg) else None
+    order = zigzag_permutation(S, par.seq) if uses_zigzag(par, cfg) else None
     local = make_local_attention(par, implementation="xla")
     loss, grads = _loss_and_grads(cfg, layout, local, order)
     want_loss, want_grads = _reference(tie)

@@ -5,7 +5,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from colossal_jax.loss_scale import (
+from colossal_jax.training.loss_scale import (
     DynamicScale,
     init_scale,
     scale_loss,

@@ -11,8 +11,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from colossal_jax import rules
 from colossal_jax.config import ConfigError, ParallelConfig
+from colossal_jax.config.parallel_rules import check_seq_split, uses_zigzag
 from colossal_jax.layers.rope import apply_rope, with_rope
 from colossal_jax.sequence.fused import fused_attention
 from colossal_jax.sequence.local import dot_product_attention
@@ -162,9 +162,9 @@ def test_zigzag_only_for_causal_models():
     """Zigzag balances the causal mask's work; a bidirectional model keeps the plain ring and
     needs seq_len divisible by seq only."""
     ring = ParallelConfig(seq=4, seq_mode="ring")
-    assert rules.uses_zigzag(ring, object())  # GPT-style configs declare nothing: causal
-    assert not rules.uses_zigzag(ring, _Bidirectional())
-    assert not rules.uses_zigzag(ParallelConfig(seq=4, seq_mode="ulysses"), object())
-    rules.check_seq_split(20, 4, zigzag=rules.uses_zigzag(ring, _Bidirectional()))
+    assert uses_zigzag(ring, object())  # GPT-style configs declare nothing: causal
+    assert not uses_zigzag(ring, _Bidirectional())
+    assert not uses_zigzag(ParallelConfig(seq=4, seq_mode="ulysses"), object())
+    check_seq_split(20, 4, zigzag=uses_zigzag(ring, _Bidirectional()))
     with pytest.raises(ConfigError, match=r"--seq-len 20 .*2\*p=8"):
-        rules.check_seq_split(20, 4, zigzag=rules.uses_zigzag(ring, object()))
+        check_seq_split(20, 4, zigzag=uses_zigzag(ring, object()))

@@ -9,7 +9,7 @@ import optax
 import pytest
 
 from colossal_jax.config import OptimConfig
-from colossal_jax.optim import make_optimizer, schedule
+from colossal_jax.training.optim import make_optimizer, schedule
 
 
 def _params():
@@ -93,7 +93,7 @@ def test_layer_stacked_parameters_are_optimised_layer_by_layer(name):
     from flax import nnx
 
     from colossal_jax.layers.stack import LAYER_AXIS
-    from colossal_jax.optim import matrix_mask
+    from colossal_jax.training.optim import matrix_mask
 
     k = jax.random.split(jax.random.key(1), 4)
     scale = jnp.array([1.0, 30.0])[:, None, None]  # layer 1's weights 30× larger

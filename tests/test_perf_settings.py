@@ -19,12 +19,12 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from colossal_jax import xla_presets
-from colossal_jax.config import ConfigError, TrainConfig
+from colossal_jax.config import ConfigError, TrainConfig, xla_presets
+from colossal_jax.config.families import model_config
 from colossal_jax.layers.stack import StackOptions, use_stack_options
-from colossal_jax.profiling import StepProfiler
-from colossal_jax.remat import RematPolicy
-from models.gpt import GPT, model_config
+from colossal_jax.parallel.remat import RematPolicy
+from colossal_jax.runtime.profiling import StepProfiler
+from colossal_jax_models.gpt import GPT
 
 
 def test_gpu_perf_preset_adds_its_flags_once_and_keeps_the_users():
@@ -94,7 +94,7 @@ def test_loop_order_with_and_without_host_overlap(monkeypatch):
     times tile the loop."""
     import dataclasses
 
-    import colossal_jax.train as T
+    import colossal_jax.training.train as T
     from tests.helpers import tiny_config
 
     events: list[str] = []
@@ -132,7 +132,7 @@ def test_loop_order_with_and_without_host_overlap(monkeypatch):
 
 
 def test_host_overlap_setting():
-    from colossal_jax.rules import host_overlap
+    from colossal_jax.config.train_rules import host_overlap
 
     assert host_overlap("auto", "gpu") and host_overlap("auto", "tpu")
     assert not host_overlap("auto", "cpu")

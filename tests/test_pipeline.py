@@ -105,8 +105,8 @@ def data_parallel_losses():
     ids=["1f1b-p2", "gpipe-p4", "interleaved-1d"],
 )
 def test_one_step_gradients_equal_the_unpipelined_ones(parallel):
-    from colossal_jax.train import build as build_run
-    from colossal_jax.train import global_batch, init_state
+    from colossal_jax.training.train import build as build_run
+    from colossal_jax.training.train import global_batch, init_state
 
     run = build_run(_cfg(**parallel))
     params, _ = init_state(run)
@@ -216,7 +216,7 @@ BAD = [  # (command line, what the one error line must name)
 
 @pytest.mark.parametrize("argv,needle", BAD, ids=[b[1] for b in BAD])
 def test_impossible_pipelines_exit_2_before_compiling(argv, needle, capsys, monkeypatch):
-    import colossal_jax.train as train_module
+    import colossal_jax.training.train as train_module
 
     def no_compile(*a, **k):
         raise AssertionError("reached the compile step")
@@ -229,7 +229,7 @@ def test_impossible_pipelines_exit_2_before_compiling(argv, needle, capsys, monk
 
 
 def test_stacked_parameters_split_their_layer_axis_over_pipe():
-    from colossal_jax.train import build as build_run
+    from colossal_jax.training.train import build as build_run
 
     run = build_run(_cfg(pipe=2, data=4, pipeline="1f1b"))
     specs = {

@@ -14,7 +14,7 @@ import pytest
 from colossal_jax.config import ParallelConfig, TrainConfig
 from tests.helpers import tiny_config
 
-T = importlib.import_module("colossal_jax.train")
+T = importlib.import_module("colossal_jax.training.train")
 
 
 def _same(a, b) -> bool:

@@ -1,4 +1,4 @@
-"""colossal_jax.rules: one owner for every device-free rule, importable and run before JAX."""
+"""colossal_jax.config: one owner for every device-free rule, importable and run before JAX."""
 
 from __future__ import annotations
 
@@ -10,10 +10,12 @@ from pathlib import Path
 import jax
 import pytest
 
-from colossal_jax import rules
+from colossal_jax.checks.validate import check_config
 from colossal_jax.config import ConfigError, ParallelConfig
-from colossal_jax.mesh import build_mesh
-from colossal_jax.sharding import make_layout
+from colossal_jax.config.parallel_rules import check_grid
+from colossal_jax.config.tensor_split import batch_shards, check_kv_heads, model_divisors, split_of
+from colossal_jax.parallel.mesh import build_mesh
+from colossal_jax.parallel.sharding import make_layout
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -35,7 +37,7 @@ def _fresh_python(code: str) -> str:
 def test_importing_rules_imports_no_jax():
     code = """
         import sys
-        import colossal_jax.rules, models.configs
+        import colossal_jax.config, colossal_jax.config.families as f; f.MODELS["gpt2-tiny"]
         print('jax' in sys.modules, 'flax' in sys.modules)
     """
     assert _fresh_python(code) == "False False"
@@ -89,13 +91,13 @@ def test_rules_agree_with_the_layouts(mode, axes):
     """The layouts own the specs; the rules' numbers must be the ones those specs imply."""
     par = ParallelConfig(tensor_mode=mode, **axes)
     layout = make_layout(par, build_mesh(par, jax.devices()[: par.size]))
-    split = rules.split_of(par)
-    assert rules.batch_shards(par) == layout.batch_divisor()
+    split = split_of(par)
+    assert batch_shards(par) == layout.batch_divisor()
     assert split.divisor("heads") == layout.axis_size(layout.wide_spec()[2])
     embedding = layout.embedding_spec()
     assert split.divisor("vocab size") == layout.axis_size(embedding[0] if embedding else None)
     assert split == layout.tensor_split()
-    assert rules.model_divisors(par) == split.divisors
+    assert model_divisors(par) == split.divisors
 
 
 @pytest.mark.parametrize(
@@ -108,20 +110,20 @@ def test_rules_agree_with_the_layouts(mode, axes):
 )
 def test_one_grid_rule_for_configs_and_layouts(mode, r, c, d, match):
     with pytest.raises(ConfigError, match=match):
-        rules.check_grid(mode, r, c, d)
+        check_grid(mode, r, c, d)
 
 
 def test_check_config_runs_the_run_rules_without_devices():
     from colossal_jax.config import TrainConfig
-    from models.configs import model_config
+    from colossal_jax.config.families import model_config
 
     cfg = TrainConfig(batch_size=6, parallel=ParallelConfig(data=4))
     model = model_config("gpt2-tiny")
-    rules.check_config(cfg, n_devices=4)  # no model: the run rules are not asked
+    check_config(cfg, n_devices=4)  # no model: the run rules are not asked
     with pytest.raises(ConfigError, match="4 batch shards"):
-        rules.check_config(cfg, model, n_devices=4)
+        check_config(cfg, model, n_devices=4)
     with pytest.raises(ConfigError, match="a device has 0.0 GB"):
-        rules.check_config(TrainConfig(batch_size=8, parallel=ParallelConfig(data=4)), model,
+        check_config(TrainConfig(batch_size=8, parallel=ParallelConfig(data=4)), model,
                            memory=(1000, 1))  # fmt: skip
 
 
@@ -144,8 +146,8 @@ def test_check_config_runs_the_run_rules_without_devices():
 )
 def test_kv_heads_rule_names_the_value_and_valid_tensor_sizes(mode, heads, kv, split, depth, match):
     with pytest.raises(ConfigError, match=match):
-        rules.check_kv_heads(mode, heads, kv, split, depth)
-    rules.check_kv_heads(mode, heads, heads, split, depth)  # multi-head attention fits
+        check_kv_heads(mode, heads, kv, split, depth)
+    check_kv_heads(mode, heads, heads, split, depth)  # multi-head attention fits
 
 
 def test_layout_validate_checks_kv_heads():

@@ -1,6 +1,6 @@
 """The sequence-length search and the memory ordering that bench_seq.py reports."""
 
-from colossal_jax.seqbench import candidates, layer_memory_bytes, longest_sequence
+from colossal_jax_benchmarks.seqbench import candidates, layer_memory_bytes, longest_sequence
 
 
 def test_longest_sequence_binary_search():

@@ -4,10 +4,10 @@ class-token loss weights, and held-out images kept apart and each scored once.""
 import numpy as np
 import pytest
 
-from colossal_jax import images
 from colossal_jax.config import ConfigError
-from colossal_jax.data import Corpus, encode, load_corpus, split_corpus
-from colossal_jax.masked_lm import MASK_RATE, MaskedBatches, SpecialTokens, vocab_size_for
+from colossal_jax.data import images
+from colossal_jax.data.corpus import Corpus, encode, load_corpus, split_corpus
+from colossal_jax.data.masked_lm import MASK_RATE, MaskedBatches, SpecialTokens, vocab_size_for
 
 
 @pytest.fixture(scope="module")

@@ -13,9 +13,9 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from colossal_jax.config import ParallelConfig
-from colossal_jax.mesh import build_mesh
+from colossal_jax.parallel.mesh import build_mesh
+from colossal_jax.parallel.sharding import make_layout
 from colossal_jax.sequence.local import dot_product_attention
-from colossal_jax.sharding import make_layout
 from colossal_jax.tensor.replicated import ReplicatedLayout
 
 B, S, H, K, V, HEADS = 8, 4, 16, 32, 32, 8

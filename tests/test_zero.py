@@ -11,10 +11,10 @@ import jax
 import numpy as np
 import pytest
 
-from colossal_jax.hlo import analyze
+from colossal_jax.analysis.hlo import analyze
 from tests.helpers import losses, tiny_config
 
-T = importlib.import_module("colossal_jax.train")
+T = importlib.import_module("colossal_jax.training.train")
 
 
 def _cfg(steps: int = 10, batch_size: int = 32, **kw):

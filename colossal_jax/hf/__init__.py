@@ -6,10 +6,10 @@ Hugging Face ``model_type`` and architecture it maps, which of our config classe
 the HF config options our model computes alike, the translation of the config both ways, and the
 parameter map (:mod:`colossal_jax.hf.mapping`). The rest is shared: reading and writing tensor
 files (:mod:`colossal_jax.hf.tensors`), placing the tensors into a run's shardings
-(:mod:`colossal_jax.hf.load`) and exporting a checkpoint (:mod:`colossal_jax.hf.export`).
+(:mod:`colossal_jax.hf.load`) and exporting a checkpoint (:mod:`colossal_jax.hf_export`).
 
 This module and the family modules import no JAX (nor NumPy), so the configuration rules
-(:func:`colossal_jax.rules.check_init_from_hf`) read a directory's config before JAX starts.
+(:func:`colossal_jax.hf.checks.check_init_from_hf`) read a directory's config before JAX starts.
 """
 
 from __future__ import annotations

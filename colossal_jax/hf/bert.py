@@ -28,7 +28,8 @@ Config: ``max_position_embeddings`` -> ``block_size``, ``intermediate_size`` -> 
 ``layer_norm_eps`` -> ``eps``, ``hidden_act`` ``"gelu"`` -> ``gelu="exact"``
 (``gelu_pytorch_tanh``/``gelu_new`` -> ``"tanh"``), ``sep_token_id`` (if the file has one) ->
 ``sep_token``. HF takes token types as an input (``token_type_ids``, zeros when absent); ours
-are computed from the ``[SEP]`` tokens of each sequence (:func:`models.bert.segments`), the same
+are computed from the ``[SEP]`` tokens of each sequence
+(:func:`colossal_jax_models.bert.segments`), the same
 ids for a ``[CLS] A [SEP] B [SEP]`` input. The pooler and the next-sentence head of a
 ``BertForPreTraining`` file (``bert.pooler.*``, ``cls.seq_relationship.*``) have no use in masked
 LM and are not read. Export writes ``BertForMaskedLM`` with no dropout.

@@ -39,7 +39,7 @@ ARCHITECTURE = "GPT2LMHeadModel"
 AUTO_CLASS = "AutoModelForCausalLM"
 """The ``transformers`` auto class that loads an export."""
 CONFIG_CLASS = "GPTConfig"
-"""Our config class (``models.configs``) this family maps to."""
+"""Our config class (``colossal_jax_models.gpt_config``) this family maps to."""
 PREFIX = "transformer."
 """The base model's prefix in ``GPT2LMHeadModel``'s names (absent in ``GPT2Model`` files)."""
 IGNORED = (".attn.bias", ".attn.masked_bias")

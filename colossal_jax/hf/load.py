@@ -19,8 +19,8 @@ import jax
 import numpy as np
 from flax import nnx
 
-from colossal_jax import rules
 from colossal_jax.config import ConfigError
+from colossal_jax.hf.checks import check_hf_directory
 from colossal_jax.hf.mapping import ParamMap, read_region, source_shape
 from colossal_jax.hf.tensors import read_tensors
 
@@ -78,10 +78,10 @@ def check_all_used(pmap: ParamMap, tensors: dict[str, np.ndarray], ignored: tupl
 
 
 def load_params(run: Any, directory: str | None = None) -> nnx.State:
-    """The parameters of ``run`` (a :class:`colossal_jax.train.Run`) from the Hugging Face
+    """The parameters of ``run`` (a :class:`colossal_jax.training.train.Run`) from the Hugging Face
     directory ``directory`` (default ``run.cfg.init_from_hf``), in ``run.param_shardings``."""
     directory = directory or run.cfg.init_from_hf
-    family, config = rules.check_hf_directory(directory, run.cfg.model)
+    family, config = check_hf_directory(directory, run.cfg.model)
     arch = dataclasses.asdict(run.model)
     tensors = read_tensors(directory)
     pmap = family.param_map(arch, tied=family.tied(config))

@@ -22,13 +22,7 @@ from pathlib import Path
 import numpy as np
 
 from colossal_jax.config import ConfigError
-from colossal_jax.hf import (
-    SAFETENSORS,
-    SAFETENSORS_INDEX,
-    TORCH_BIN,
-    TORCH_BIN_INDEX,
-    WEIGHT_FILES,
-)
+from colossal_jax.hf import SAFETENSORS, SAFETENSORS_INDEX, TORCH_BIN, TORCH_BIN_INDEX, WEIGHT_FILES
 
 _DTYPES: dict[str, str] = {
     "F64": "<f8",

@@ -10,7 +10,7 @@ ours                                     Hugging Face (``vit.`` prefix unless sa
 ``patch_embed.kernel [p·p·c, h]``        ``embeddings.patch_embeddings.projection.weight
                                          [h, c, p, p]``, axes ``(2, 3, 1, 0)`` flattened: our
                                          patches are flattened row, column, channel
-                                         (:func:`colossal_jax.images.patchify`)
+                                         (:func:`colossal_jax.data.images.patchify`)
 ``patch_bias.kernel [1, h]``             ``…projection.bias [h]``
 ``class_token.kernel [1, h]``            ``embeddings.cls_token [1, 1, h]``
 ``wpe.table [T, h]``                     ``embeddings.position_embeddings [1, P + 1, h]``; rows
@@ -36,6 +36,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from colossal_jax.config.families import config_class
 from colossal_jax.hf.mapping import ParamMap, Piece, layer_pieces
 
 MODEL_TYPE = "vit"
@@ -128,10 +129,8 @@ def hf_config(arch: dict[str, Any]) -> dict[str, Any]:
 
 def param_map(arch: dict[str, Any], *, tied: bool) -> ParamMap:
     """Our parameter paths -> HF tensors (``classifier.*`` without the ``vit.`` prefix)."""
-    from models.vit_config import ViTConfig
-
     del tied
-    cfg = ViTConfig(**arch)
+    cfg = config_class(CONFIG_CLASS)(**arch)
     h, p, c, classes = cfg.n_embd, cfg.patch_size, cfg.channels, cfg.num_classes
     e, layer = PREFIX + "embeddings.", PREFIX + "encoder.layer.{i}."
     projection = e + "patch_embeddings.projection."

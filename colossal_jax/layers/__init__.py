@@ -16,14 +16,6 @@ from colossal_jax.layers.features import FeatureEmbed
 from colossal_jax.layers.model import SequenceModel
 from colossal_jax.layers.stack import Stack, apply_layers, stacked_filter
 
-
-def param_specs(state):
-    """PartitionSpecs of an nnx State under the active layout."""
-    from colossal_jax.sharding import param_specs as _specs
-
-    return _specs(state, active().layout)
-
-
 __all__ = [
     "MLP",
     "Dense",
@@ -41,6 +33,5 @@ __all__ = [
     "stacked_filter",
     "active",
     "cross_entropy",
-    "param_specs",
     "use_parallelism",
 ]

@@ -28,7 +28,10 @@ import jax
 from flax import nnx
 from jax.ad_checkpoint import checkpoint_name
 
-from colossal_jax.remat import LAYER_INPUT
+LAYER_INPUT = "layer_input"
+"""The name each stack layer's input carries (``checkpoint_name``): the remat policies
+(:mod:`colossal_jax.parallel.remat`) save or offload it by this name."""
+
 
 UNROLL_UP_TO = 2
 """Stacks (or pipeline chunks) this shallow run as a Python loop by default."""
@@ -43,9 +46,10 @@ class StackOptions:
 
     Attributes:
       remat: ``jax.checkpoint`` policy for one layer (``jax.checkpoint_policies.*``), or ``None``
-        for no rematerialisation. :mod:`colossal_jax.remat` builds it from ``--remat``.
+        for no rematerialisation. :mod:`colossal_jax.parallel.remat` builds it from ``--remat``.
       prepare_layer: applied to each layer's parameters inside the scan body before the block
-        runs (ZeRO-3 gathers the layer's weights there, :mod:`colossal_jax.zero`); ``None``: as
+        runs (ZeRO-3 gathers the layer's weights there, :mod:`colossal_jax.parallel.zero`);
+        ``None``: as
         stored.
     """
 

@@ -24,12 +24,12 @@ import numpy as np
 from flax import nnx
 from jax.sharding import PartitionSpec as P
 
-from colossal_jax import zero
 from colossal_jax.layers import stacked_filter, use_parallelism
 from colossal_jax.layers.stack import use_stack_options
+from colossal_jax.parallel import zero
+from colossal_jax.parallel.sharding import param_specs
 from colossal_jax.pipeline.executor import interleave_permutation, run_pipeline
 from colossal_jax.pipeline.schedule import Schedule
-from colossal_jax.sharding import param_specs
 from colossal_jax.tensor.grid import axes_of
 from colossal_jax.tensor.layout import LocalAttention, TensorLayout
 
@@ -48,10 +48,12 @@ def pipelined_value_and_grad(
 ) -> Callable[[Any, dict[str, jax.Array]], tuple[jax.Array, Any]]:
     """``(params, batch) -> (mean loss, grads)`` through the pipeline ``schedule``.
 
-    ``stage`` is the ZeRO stage over ``data`` (:mod:`colossal_jax.zero`: the parameters enter
+    ``stage`` is the ZeRO stage over ``data`` (:mod:`colossal_jax.parallel.zero`: the parameters
+    enter
     varying over ``data`` and one reduction at the end covers every gradient; stage 3 stores the
     parameters sharded and gathers each layer inside the chunks, with ``layer_dims`` from
-    :func:`colossal_jax.step.stack_layer_dims`). ``remat`` is the stack's checkpoint policy: a
+    :func:`colossal_jax.parallel.step.stack_layer_dims`). ``remat`` is the stack's checkpoint
+    policy: a
     chunk's forward then keeps only what the policy saves until its backward."""
     mesh = layout.mesh
     token_spec = layout.token_spec()

@@ -38,13 +38,8 @@ import functools
 import jax
 import jax.numpy as jnp
 
-from colossal_jax.sequence.local import (
-    grouped_key_grad,
-    grouped_scores,
-    grouped_values,
-    visible,
-)
-from colossal_jax.tensor.layout import in_per_stage_branches
+from colossal_jax.sequence.local import grouped_key_grad, grouped_scores, grouped_values, visible
+from colossal_jax.tensor.kernels import ring_shift
 
 
 def ring_attention(
@@ -69,29 +64,6 @@ def ring_attention(
       ``[b, s_local, a, d]`` in ``q``'s dtype, equal to softmax attention over the full sequence.
     """
     return _ring(axis_name, causal, q, k, v, q_pos, k_pos)
-
-
-def ring_shift(x, axis_name: str, p: int):
-    """Send every block one hop along the ring: device j -> j + 1 (mod p).
-
-    A ``ppermute`` (``x`` bytes per device), except inside a pipeline stage's branch
-    (:func:`colossal_jax.tensor.layout.in_per_stage_branches`): XLA's CPU runtime
-    makes a collective-permute wait for *every* device of the program, so one inside a per-stage
-    branch would wait for stages running another branch. There the hop is an all-to-all whose
-    only non-empty block goes to the next device: the same bytes at ``p = 2``, ``p − 1`` times
-    the ring's at larger ``p``.
-    """
-    if in_per_stage_branches():
-        return jax.tree.map(lambda a: _shift_by_all_to_all(a, axis_name, p), x)
-    return jax.lax.ppermute(x, axis_name, perm=[(j, (j + 1) % p) for j in range(p)])
-
-
-def _shift_by_all_to_all(x: jax.Array, axis_name: str, p: int) -> jax.Array:
-    j = jax.lax.axis_index(axis_name)
-    slots = jnp.zeros((p, *x.shape), x.dtype)
-    slots = jax.lax.dynamic_update_index_in_dim(slots, x, (j + 1) % p, 0)
-    received = jax.lax.all_to_all(slots, axis_name, 0, 0)  # received[i] = device i's slot j
-    return jax.lax.dynamic_index_in_dim(received, (j - 1) % p, 0, keepdims=False)
 
 
 def _scores(q, k, q_pos, k_pos, causal: bool, scale: float):

@@ -30,13 +30,8 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from colossal_jax.sequence.local import (
-    grouped_scores,
-    grouped_values,
-    masked_softmax,
-    visible,
-)
-from colossal_jax.sequence.ring import ring_shift
+from colossal_jax.sequence.local import grouped_scores, grouped_values, masked_softmax, visible
+from colossal_jax.tensor.kernels import ring_shift
 
 
 def ring_self_attention(

@@ -28,7 +28,7 @@ import math
 import jax
 import jax.numpy as jnp
 
-from colossal_jax.rules import check_ulysses_heads
+from colossal_jax.config.parallel_rules import check_ulysses_heads
 from colossal_jax.sequence.fused import fused_attention
 from colossal_jax.sequence.local import dot_product_attention
 

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from colossal_jax.rules import check_seq_split
+from colossal_jax.config.parallel_rules import check_seq_split
 
 
 def _check(seq_len: int, p: int) -> int:

@@ -6,7 +6,7 @@ Large Deep Learning Models", ASPLOS '23, doi 10.1145/3567955.3567959).
 Run *inside* ``jax.shard_map``. Two schedules over a ring of ``n`` devices along ``axis``, each
 ``n − 1`` permutes of one block to the next device, written as unrolled Python loops so the
 schedule reads top to bottom (and XLA may run each permute under the matmul beside it). A hop is
-:func:`colossal_jax.sequence.ring.ring_shift`, ring attention's: a ``ppermute``, except inside a
+:func:`colossal_jax.tensor.kernels.ring_shift`, ring attention's: a ``ppermute``, except inside a
 pipeline stage's branch, where XLA's CPU runtime would make a collective-permute wait for the
 devices of the other stages; there it is an all-to-all (the same bytes at ``n = 2``, ``n − 1``
 times the permute's at larger ``n``).
@@ -44,9 +44,8 @@ from typing import TypeVar
 import jax
 import jax.numpy as jnp
 
-from colossal_jax import rules
-from colossal_jax.sequence.ring import ring_shift
-from colossal_jax.tensor.kernels import varying, varying_axes_of
+from colossal_jax.config.parallel_rules import check_ring_blocks
+from colossal_jax.tensor.kernels import ring_shift, varying, varying_axes_of
 from colossal_jax.tensor.layout import AxisNames, in_per_stage_branches, per_stage_branches
 
 T = TypeVar("T")
@@ -87,7 +86,7 @@ def block(x: jax.Array, index: jax.Array, size: int, dim: int) -> jax.Array:
 def _all_reduce_by_ring(partial: Callable[[jax.Array], jax.Array], axis: AxisNames, width: int):
     """``psum`` over ``axis`` of a ``[..., width]`` product, as the reduce-scatter ring on its
     last dimension followed by an all-gather (invariant over ``axis``, like ``psum``'s)."""
-    rules.check_ring_blocks("1d", "hidden size", width, jax.lax.axis_size(axis))
+    check_ring_blocks("1d", "hidden size", width, jax.lax.axis_size(axis))
     reduced = ring_reduce_scatter(partial, axis)
     return jax.lax.all_gather(reduced, axis, axis=reduced.ndim - 1, tiled=True, to="invarying")
 

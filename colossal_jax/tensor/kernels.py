@@ -1,7 +1,7 @@
 """Per-device kernel bodies shared by the tensor-parallel modes (run *inside* ``jax.shard_map``).
 
 Each mode composes these with its own axes; the collectives are explicit so their cost can be
-read straight from the code (and from compiled HLO by :mod:`colossal_jax.hlo`).
+read straight from the code (and from compiled HLO by :mod:`colossal_jax.analysis.hlo`).
 """
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from colossal_jax.tensor.layout import AxisNames
+from colossal_jax.tensor.layout import AxisNames, in_per_stage_branches
 
 
 def token_matmul(x: jax.Array, w: jax.Array) -> jax.Array:
@@ -144,3 +144,26 @@ def reduce_loss(total: jax.Array, count: jax.Array, token_axes: AxisNames):
     if token_axes:
         total, count = jax.lax.psum((total, count), token_axes)
     return total, count
+
+
+def ring_shift(x, axis_name: str, p: int):
+    """Send every block one hop along the ring: device j -> j + 1 (mod p).
+
+    A ``ppermute`` (``x`` bytes per device), except inside a pipeline stage's branch
+    (:func:`colossal_jax.tensor.layout.in_per_stage_branches`): XLA's CPU runtime
+    makes a collective-permute wait for *every* device of the program, so one inside a per-stage
+    branch would wait for stages running another branch. There the hop is an all-to-all whose
+    only non-empty block goes to the next device: the same bytes at ``p = 2``, ``p − 1`` times
+    the ring's at larger ``p``.
+    """
+    if in_per_stage_branches():
+        return jax.tree.map(lambda a: _shift_by_all_to_all(a, axis_name, p), x)
+    return jax.lax.ppermute(x, axis_name, perm=[(j, (j + 1) % p) for j in range(p)])
+
+
+def _shift_by_all_to_all(x: jax.Array, axis_name: str, p: int) -> jax.Array:
+    j = jax.lax.axis_index(axis_name)
+    slots = jnp.zeros((p, *x.shape), x.dtype)
+    slots = jax.lax.dynamic_update_index_in_dim(slots, x, (j + 1) % p, 0)
+    received = jax.lax.all_to_all(slots, axis_name, 0, 0)  # received[i] = device i's slot j
+    return jax.lax.dynamic_index_in_dim(received, (j - 1) % p, 0, keepdims=False)

@@ -31,7 +31,7 @@ Attention masks are chosen by the model and need no extra array:
   looks up row 0). A padding query attends to no key under the causal mask and outputs zeros;
   padding tokens should carry loss weight 0.
 
-Kernel modules import nothing from the rest of the package but :mod:`colossal_jax.rules`, whose
+Kernel modules import nothing from the rest of the package but :mod:`colossal_jax.config`, whose
 functions they call where a kernel needs a configuration rule.
 """
 
@@ -49,7 +49,14 @@ import jax.numpy as jnp
 from jax.sharding import Mesh
 from jax.sharding import PartitionSpec as P
 
-from colossal_jax import rules
+from colossal_jax.config.choices import TENSOR_AXES
+from colossal_jax.config.tensor_split import (
+    TensorSplit,
+    check_head_split,
+    check_kv_heads,
+    check_split,
+    tensor_split,
+)
 
 LinearKind = Literal["in", "out"]
 """``"in"``: hidden -> wide (QKV projections, MLP up-projection, LM head; Megatron *column*).
@@ -169,7 +176,7 @@ class TensorLayout(abc.ABC):
 
     Subclasses set :attr:`mode` and implement the abstract methods. Constructors validate nothing
     expensive; :meth:`validate` checks model dimensions against the grid with the rule of
-    :mod:`colossal_jax.rules` and raises its ``ConfigError`` (a ``ValueError``) naming the bad
+    :mod:`colossal_jax.config` and raises its ``ConfigError`` (a ``ValueError``) naming the bad
     value and what would divide.
     """
 
@@ -201,20 +208,21 @@ class TensorLayout(abc.ABC):
     def batch_divisor(self) -> int:
         """How many pieces the batch dimension is split into (data axes times the mode's own)."""
 
-    def tensor_split(self) -> rules.TensorSplit:
-        """What this mode divides on this mesh (:func:`colossal_jax.rules.tensor_split`)."""
-        sizes = (self.mesh.shape.get(a, 1) for a in rules.TENSOR_AXES)
-        return rules.tensor_split(self.mode, *sizes)
+    def tensor_split(self) -> TensorSplit:
+        """What this mode divides on this mesh
+        (:func:`colossal_jax.config.tensor_split.tensor_split`)."""
+        sizes = (self.mesh.shape.get(a, 1) for a in TENSOR_AXES)
+        return tensor_split(self.mode, *sizes)
 
     def validate(
         self, *, hidden: int, mlp: int, heads: int, vocab: int, kv_heads: int | None = None
     ) -> None:
         """Raise ``ValueError`` if the model dimensions do not fit this layout's grid."""
         split = self.tensor_split()
-        rules.check_split(split, hidden=hidden, mlp=mlp, heads=heads, vocab=vocab)
+        check_split(split, hidden=hidden, mlp=mlp, heads=heads, vocab=vocab)
         if kv_heads is not None:
             depth = self.mesh.shape.get("tensor_depth", 1)
-            rules.check_kv_heads(self.mode, heads, kv_heads, split.divisor("heads"), depth)
+            check_kv_heads(self.mode, heads, kv_heads, split.divisor("heads"), depth)
 
     # ---- specs -------------------------------------------------------------------------------
     @abc.abstractmethod
@@ -310,7 +318,8 @@ class TensorLayout(abc.ABC):
         attention; ``None``: ``heads``).
 
         Splits the last dimensions into heads *locally* (each device's wide slice holds whole
-        query and whole key/value heads, :func:`colossal_jax.rules.check_kv_heads`), calls
+        query and whole key/value heads, :func:`colossal_jax.config.tensor_split.check_kv_heads`),
+        calls
         ``local_attention(..., causal=causal)`` inside one ``shard_map`` that also covers the
         sequence axis, and returns the wide-layout ``[b, s, heads*head_dim]`` result. Keys at
         negative positions (padding) are masked for every query.
@@ -342,10 +351,10 @@ def attention_in_shard_map(
     ``kv_heads // head_split`` whole key/value heads."""
     wide = layout.wide_spec()
     tokens = layout.token_spec()
-    rules.check_head_split(layout.mode, heads, head_split)
+    check_head_split(layout.mode, heads, head_split)
     kv_heads = heads if kv_heads is None else kv_heads
     depth = layout.mesh.shape.get("tensor_depth", 1)
-    rules.check_kv_heads(layout.mode, heads, kv_heads, head_split, depth)
+    check_kv_heads(layout.mode, heads, kv_heads, head_split, depth)
     local_heads, local_kv = heads // head_split, kv_heads // head_split
 
     def body(q, k, v, pos):

@@ -28,11 +28,7 @@ from jax.sharding import PartitionSpec as P
 from colossal_jax.tensor.collective_matmul import column_matmuls, matmul_all_reduce
 from colossal_jax.tensor.grid import GridLayout
 from colossal_jax.tensor.kernels import token_matmul, varying
-from colossal_jax.tensor.layout import (
-    LinearKind,
-    sharded,
-    spec_axes,
-)
+from colossal_jax.tensor.layout import LinearKind, sharded, spec_axes
 
 TENSOR_AXES = ("tensor_row", "tensor_col", "tensor_depth")
 

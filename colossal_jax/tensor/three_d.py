@@ -37,7 +37,7 @@ import jax
 import jax.numpy as jnp
 from jax.sharding import PartitionSpec as P
 
-from colossal_jax import rules
+from colossal_jax.config.parallel_rules import check_grid
 from colossal_jax.tensor.collective_matmul import block, ring_all_gather, ring_reduce_scatter
 from colossal_jax.tensor.grid import GridLayout
 from colossal_jax.tensor.kernels import grid_transpose, token_matmul, varying
@@ -64,7 +64,7 @@ class ThreeDLayout(GridLayout):
         collective_matmul: bool = False,
     ):
         super().__init__(mesh, activation_axes, collective_matmul=collective_matmul)
-        rules.check_grid(self.mode, *(self.axis_size(a) for a in (self.i, self.j, self.k)))
+        check_grid(self.mode, *(self.axis_size(a) for a in (self.i, self.j, self.k)))
 
     @property
     def q(self) -> int:

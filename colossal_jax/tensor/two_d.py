@@ -33,7 +33,7 @@ import jax
 import jax.numpy as jnp
 from jax.sharding import PartitionSpec as P
 
-from colossal_jax import rules
+from colossal_jax.config.parallel_rules import check_grid
 from colossal_jax.tensor.collective_matmul import block, ring_all_gather
 from colossal_jax.tensor.grid import GridLayout
 from colossal_jax.tensor.kernels import grid_transpose, token_matmul, varying
@@ -62,7 +62,7 @@ class TwoDLayout(GridLayout):
     ):
         super().__init__(mesh, activation_axes, collective_matmul=collective_matmul)
         depth = math.prod(self.mesh.shape.get(a, 1) for a in self.depth)
-        rules.check_grid(self.mode, self.axis_size(self.row), self.axis_size(self.col), depth)
+        check_grid(self.mode, self.axis_size(self.row), self.axis_size(self.col), depth)
 
     @property
     def q(self) -> int:

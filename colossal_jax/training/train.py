@@ -27,34 +27,37 @@ from flax import nnx
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from colossal_jax import signals, watchdog, xla_presets
-from colossal_jax.checkpoint import Checkpointer, abstract_like
-from colossal_jax.config import ConfigError, TrainConfig
-from colossal_jax.devices import devices_hint
-from colossal_jax.divergence import Diverged, Guard, stop_line
+from colossal_jax.checks.validate import resolve_model
+from colossal_jax.config import ConfigError, TrainConfig, xla_presets
+from colossal_jax.config.families import Family, ModelConfig, family_of
+from colossal_jax.config.model_rules import check_with_model, grad_accum_of
+from colossal_jax.config.parallel_rules import uses_zigzag
+from colossal_jax.config.train_rules import host_overlap
+from colossal_jax.data.tasks import TaskBatches, load_text, make_batches
 from colossal_jax.layers import use_parallelism
-from colossal_jax.mesh import build_mesh
-from colossal_jax.metrics import MetricsWriter, device_memory, peak_flops
-from colossal_jax.optim import make_optimizer, schedule_values
-from colossal_jax.profiling import StepProfiler
-from colossal_jax.rules import grad_accum_of, host_overlap, resolve_model, uses_zigzag
-from colossal_jax.sharding import make_layout, make_local_attention, tree_shardings
-from colossal_jax.step import sharded_value_and_grad, stack_layer_dims
-from colossal_jax.tasks import TaskBatches, load_text, make_batches
+from colossal_jax.parallel.mesh import build_mesh
+from colossal_jax.parallel.sharding import make_layout, make_local_attention, tree_shardings
+from colossal_jax.parallel.step import sharded_value_and_grad, stack_layer_dims
+from colossal_jax.parallel.zero import leftovers, zero_dims
+from colossal_jax.runtime import signals, watchdog
+from colossal_jax.runtime.devices import devices_hint
+from colossal_jax.runtime.divergence import Diverged, Guard, stop_line
+from colossal_jax.runtime.metrics import MetricsWriter, device_memory, peak_flops
+from colossal_jax.runtime.profiling import StepProfiler
 from colossal_jax.tensor.layout import LocalAttention, TensorLayout
-from colossal_jax.zero import leftovers, zero_dims
-from models.registry import Family, ModelConfig, family_of
+from colossal_jax.training.checkpoint import Checkpointer, abstract_like
+from colossal_jax.training.optim import make_optimizer, schedule_values
 
 
 def validate_run(cfg: TrainConfig, model: ModelConfig, layout: TensorLayout) -> None:
     """The rules of a run that need the model, checked before anything compiles: those of
-    :mod:`colossal_jax.rules` (``cfg`` itself was validated by :meth:`TrainConfig.validate`),
+    :mod:`colossal_jax.config` (``cfg`` itself was validated by :meth:`TrainConfig.validate`),
     with the memory the devices report as the capacity, and the one that needs the backend:
     the attention kernel. ``layout`` is the run's (its split is the rules' ``tensor_split``)."""
-    from colossal_jax import rules
+
     from colossal_jax.sequence.fused import resolve
 
-    rules.check_with_model(cfg, model, device_capacity(cfg.parallel.size))
+    check_with_model(cfg, model, device_capacity(cfg.parallel.size))
     try:
         resolve(cfg.attention, jnp.bfloat16 if cfg.precision == "bf16" else jnp.float32)
     except ValueError as e:
@@ -79,8 +82,9 @@ def device_capacity(mesh_size: int) -> tuple[int, int] | None:
 @dataclass
 class Run:
     """Everything built for a run, before any step executes: ``model`` is the resolved config
-    of ``family`` (:mod:`models.registry`), ``batches``/``eval_batches`` its task's data
-    (:mod:`colossal_jax.tasks`), ``data_note`` a line about the data to print, or None."""
+    of ``family`` (:mod:`colossal_jax_models.registry`), ``batches``/``eval_batches`` its task's
+    data
+    (:mod:`colossal_jax.data.tasks`), ``data_note`` a line about the data to print, or None."""
 
     cfg: TrainConfig
     model: ModelConfig
@@ -146,7 +150,7 @@ def build(cfg: TrainConfig) -> Run:
     grad_shardings = zero_shardings if stage >= 2 else plain_shardings
     tx = make_optimizer(cfg.optim, cfg.steps)
     if cfg.precision == "fp16":
-        from colossal_jax.loss_scale import with_dynamic_scale
+        from colossal_jax.training.loss_scale import with_dynamic_scale
 
         tx = with_dynamic_scale(tx)
     abstract_opt = jax.eval_shape(tx.init, abstract_params)
@@ -266,9 +270,10 @@ def _loss_fn(run: Run) -> Callable:
 
 def _value_and_grad_fn(run: Run) -> Callable:
     """``(params, batch, scale) -> (loss, grads)``: the all-manual step with ZeRO and gradient
-    accumulation (:mod:`colossal_jax.step`), or the pipeline executor. ``scale`` multiplies the
+    accumulation (:mod:`colossal_jax.parallel.step`), or the pipeline executor. ``scale``
+    multiplies the
     loss before differentiation (fp16 loss scaling); the gradients come back scaled."""
-    from colossal_jax.remat import RematPolicy
+    from colossal_jax.parallel.remat import RematPolicy
 
     compute_dtype = COMPUTE_DTYPES[run.cfg.precision]
     if run.schedule is None:
@@ -446,7 +451,7 @@ def make_train_step(run: Run) -> Callable:
 def _loss_scaled_step(run: Run, value_and_grad: Callable) -> Callable:
     """fp16: scale the loss, unscale and check the gradients, skip a non-finite step (parameters
     and optimizer state unchanged, scale halved), grow the scale after clean steps."""
-    from colossal_jax import loss_scale as ls
+    from colossal_jax.training import loss_scale as ls
 
     def step(params, opt_state, batch):
         batch, stop = _split_stop(batch)
@@ -498,7 +503,8 @@ def stop_sharding(mesh: jax.sharding.Mesh) -> NamedSharding:
 
 def stop_flags(mesh: jax.sharding.Mesh) -> jax.Array:
     """This process's stop request on each of its devices: the number of the SIGINT/SIGTERM it
-    received (:mod:`colossal_jax.signals`), 0 if none. The step returns the largest flag of any
+    received (:mod:`colossal_jax.runtime.signals`), 0 if none. The step returns the largest flag of
+    any
     device as its ``stop`` metric, so the processes of a multi-process run learn of a signal that
     any one of them received at the same step, and stop and save together."""
     flag = signals.received() or 0
@@ -606,13 +612,15 @@ def train(
     warning, a damaged one for the one before it). ``log`` receives each line of output;
     ``progress`` shows a progress bar.
 
-    Raises :class:`colossal_jax.divergence.Diverged` at the first step whose loss or gradient
+    Raises :class:`colossal_jax.runtime.divergence.Diverged` at the first step whose loss or
+    gradient
     norm is not finite (fp16: see that module), before that step is saved, and, once
-    :func:`colossal_jax.signals.install` has been called, :class:`colossal_jax.signals.Interrupted`
+    :func:`colossal_jax.runtime.signals.install` has been called,
+    :class:`colossal_jax.runtime.signals.Interrupted`
     after SIGINT/SIGTERM, with a checkpoint of the step reached."""
     t_start = time.perf_counter()
     if cfg.checkpoint_dir is not None:
-        from colossal_jax.preflight import check_resume
+        from colossal_jax.checks.preflight import check_resume
 
         check_resume(cfg)  # as cli.main does: a checkpoint of another model is one line, at once
     run = build(cfg)
@@ -902,7 +910,8 @@ def _skipped_so_far(opt_state: Any) -> int | None:
 def _stop_if_signalled(
     ckpt: Checkpointer | None, step: int, *, started: bool, agreed: int = 0
 ) -> None:
-    """If SIGINT/SIGTERM arrived (:mod:`colossal_jax.signals`), or ``agreed`` (the stop flag the
+    """If SIGINT/SIGTERM arrived (:mod:`colossal_jax.runtime.signals`), or ``agreed`` (the stop
+    flag the
     steps agreed on, :func:`stop_flags`) says that another process received one: wait for the
     checkpoint of ``step`` (the loop saved it) and raise :class:`signals.Interrupted` with the
     line that says where it is."""
@@ -958,7 +967,7 @@ def _outputs(model: ModelConfig) -> str:
 
 def _accumulation(cfg: TrainConfig) -> str:
     """`` in N microbatches of D per shard`` for the log line, or "" without accumulation."""
-    from colossal_jax.rules import batch_shards
+    from colossal_jax.config.tensor_split import batch_shards
 
     accum = grad_accum_of(cfg)
     if accum == 1:
@@ -1001,7 +1010,8 @@ def _summary_line(s: Summary, ckpt: Checkpointer | None) -> str:
 
 
 class _CallableModule(types.ModuleType):
-    """``colossal_jax.train`` names both this module and, exported by the package, the function
+    """``colossal_jax.training.train`` names both this module and, exported by the package, the
+    function
     :func:`train`; once this module is imported the package attribute may be the module, so
     calling the module calls the function."""
 

@@ -4,12 +4,12 @@ Python's default SIGINT handling raises ``KeyboardInterrupt`` wherever the main 
 be: inside JAX's lowering, in the middle of a compilation's Python callbacks, or while orbax's
 and JAX's threads are live, and the teardown that follows can crash the interpreter
 (``Segmentation fault``). :func:`install` replaces the handlers of both signals with one that
-only records the signal; the training loop (:func:`colossal_jax.train.train`) looks at
+only records the signal; the training loop (:func:`colossal_jax.training.train.train`) looks at
 :func:`received` between steps and at the points before it (after the model is built, after the
 state is restored, after compiling), writes a checkpoint at the step reached and raises
 :class:`Interrupted`, which the command line turns into one line and exit status 130 (SIGINT) or
 143 (SIGTERM). A second signal while it waits for that checkpoint exits at once (the checkpoint
-being written is then discarded whole, see :mod:`colossal_jax.checkpoint`).
+being written is then discarded whole, see :mod:`colossal_jax.training.checkpoint`).
 
 The handlers are installed by the command line only; a Python program using the API may call
 :func:`install` itself.

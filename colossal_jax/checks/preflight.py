@@ -219,11 +219,11 @@ def check_tensorboard_dir(value: str) -> None:
 
 def check_data(value: str) -> None:
     """A data file must hold usable tokens (see ``data.load_corpus``); builtins need no check."""
-    from colossal_jax.rules import IMAGE_DATA
+    from colossal_jax.config.choices import IMAGE_DATA
 
     if value in ("stdlib", "synthetic", *IMAGE_DATA):
         return
-    from colossal_jax.data import load_corpus
+    from colossal_jax.data.corpus import load_corpus
 
     load_corpus(value)
 
@@ -232,7 +232,7 @@ def architecture(name: str, overrides: dict) -> dict:
     """The model config ``name`` with ``overrides`` (``model_config``) as a dict of fields."""
     import dataclasses
 
-    from models.registry import model_config
+    from colossal_jax.config.families import model_config
 
     return dataclasses.asdict(model_config(name, **overrides))
 
@@ -240,8 +240,8 @@ def architecture(name: str, overrides: dict) -> dict:
 def _sized_for_data(overrides: dict, data: str | None, model: str) -> dict:
     """``overrides`` with the vocabulary ``data`` gives the model ``model`` where they do not
     set one (as ``rules.resolve_model`` sizes the model)."""
-    from colossal_jax.tasks import data_vocab, model_vocab
-    from models.registry import task_of
+    from colossal_jax.config.families import task_of
+    from colossal_jax.data.tasks import data_vocab, model_vocab
 
     if "vocab_size" in overrides or data is None:
         return dict(overrides)
@@ -298,7 +298,7 @@ def check_resume(cfg, architecture=architecture) -> None:
             before = architecture(saved["model"], sized)
     except (ValueError, KeyError, TypeError, AttributeError):
         return  # not ours to judge; the restore reports it
-    from colossal_jax.rules import model_overrides
+    from colossal_jax.hf.checks import model_overrides
 
     try:
         now = architecture(cfg.model, _sized_for_data(model_overrides(cfg), cfg.data, cfg.model))

@@ -36,7 +36,7 @@ class StepProfiler:
     @classmethod
     def of(cls, cfg: Any) -> StepProfiler:
         """The profiler ``cfg.profile_dir`` / ``cfg.profile_steps`` ask for (checked by
-        :func:`colossal_jax.rules.check_profile`)."""
+        :func:`colossal_jax.config.train_rules.check_profile`)."""
         if not cfg.profile_dir:
             return cls(None, None)
         return cls(cfg.profile_dir, parse_steps(cfg.profile_steps))

@@ -33,6 +33,8 @@ from __future__ import annotations
 import os
 from collections.abc import MutableMapping
 
+from colossal_jax.config.errors import ConfigError
+
 MIB = 1 << 20
 
 PRESETS: dict[str, tuple[str, ...]] = {
@@ -79,8 +81,6 @@ def apply(name: str, environ: MutableMapping[str, str] | None = None) -> str:
 
 def check_applied(name: str, environ: MutableMapping[str, str] | None = None) -> None:
     """Raise ``ConfigError`` unless every flag of preset ``name`` is set in ``XLA_FLAGS``."""
-    from colossal_jax.config import ConfigError
-
     env = os.environ if environ is None else environ
     have = _present(env.get("XLA_FLAGS", ""))
     missing = [f for f in PRESETS[name] if _name(f) not in have]
@@ -88,6 +88,6 @@ def check_applied(name: str, environ: MutableMapping[str, str] | None = None) ->
         raise ConfigError(
             f"--xla-preset {name} is not in effect: XLA_FLAGS lacks {missing[0]} (and "
             f"{len(missing) - 1} more); XLA reads its flags when JAX starts, so call "
-            f"colossal_jax.xla_presets.apply({name!r}) before the first JAX computation, or "
+            f"colossal_jax.config.xla_presets.apply({name!r}) before the first JAX computation, or "
             "pass --xla-preset on the command line"
         )

@@ -1,41 +1,25 @@
-"""Configuration: frozen dataclasses, parsing of mesh strings and presets.
+"""The run's configuration: frozen dataclasses with a docstring per field.
 
-The rules that decide whether a configuration is possible live in :mod:`colossal_jax.rules`; the
-``validate`` methods here call them. Nothing here imports JAX, so a bad command line fails in
-well under a second with a message that names the bad value and a valid alternative
-(:class:`ConfigError`).
+:class:`ParallelConfig` (mesh axes and modes), :class:`OptimConfig` (optimizer and schedule) and
+:class:`TrainConfig` (one run). Their ``validate`` methods run the rules that need neither a model
+nor the file system (:mod:`~colossal_jax.config.parallel_rules`,
+:mod:`~colossal_jax.config.train_rules`); nothing here imports JAX.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
-import tomllib
 import types
 import typing
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
-AXES: tuple[str, ...] = ("data", "pipe", "tensor_row", "tensor_col", "tensor_depth", "seq")
-"""The six mesh axes, in the order they are printed. Device order puts tensor axes innermost."""
-
-MESH_ORDER: tuple[str, ...] = ("data", "pipe", "seq", "tensor_depth", "tensor_row", "tensor_col")
-"""Axis order of the physical mesh: data outermost (crosses hosts), tensor innermost (NVLink)."""
-
-TENSOR_MODES = ("none", "1d", "2d", "2.5d", "3d")
-ATTENTION_IMPLS = ("auto", "xla", "cudnn")
-SEQ_MODES = ("none", "ring", "ulysses", "ring-self-attention")
-PRECISIONS = ("fp32", "bf16", "fp16")
-REMATS = ("none", "dots", "full", "selective", "offload")
-OFFLOADS = ("none", "optimizer", "params")
-PIPELINES = ("none", "gpipe", "1f1b", "interleaved")
-OPTIMIZERS = ("adamw", "lamb", "lars", "sgd")
-MESHES_DIR = Path(__file__).resolve().parent.parent / "meshes"
-
-
-class ConfigError(ValueError):
-    """An impossible configuration, reported before anything compiles."""
+from colossal_jax.config.choices import AXES
+from colossal_jax.config.errors import ConfigError
+from colossal_jax.config.families import train_defaults
+from colossal_jax.config.parallel_rules import check_parallel
+from colossal_jax.config.train_rules import check_optim, check_train
 
 
 @dataclass(frozen=True)
@@ -116,184 +100,15 @@ class ParallelConfig:
         return self.microbatches if self.microbatches is not None else 2 * self.pipe
 
     def validate(self, n_devices: int | None = None) -> None:
-        """Raise :class:`ConfigError` for an impossible mesh or mode (:func:`rules.check_parallel`);
+        """Raise :class:`ConfigError` for an impossible mesh or mode
+        (:func:`~colossal_jax.config.parallel_rules.check_parallel`);
         with ``n_devices``, also a mesh of another size."""
-        from colossal_jax import rules
 
-        rules.check_parallel(self, n_devices)
+
+        check_parallel(self, n_devices)
 
     def short(self, axes: tuple[str, ...] = AXES) -> str:
         return ",".join(f"{a}={getattr(self, a)}" for a in axes if getattr(self, a) != 1) or "1"
-
-
-def suggest(value: Any, valid: Any, prefix: str = "", suffix: str = "") -> str:
-    """``prefix`` "did you mean 'x'?" ``suffix`` for a near miss (any case) of one of ``valid``,
-    or "" when nothing is close."""
-    import difflib
-
-    lowered = {str(v).lower(): str(v) for v in valid}
-    key = str(value).lower()
-    close = [key] if key in lowered else difflib.get_close_matches(key, list(lowered), n=1)
-    return f"{prefix}did you mean {lowered[close[0]]!r}?{suffix}" if close else ""
-
-
-def parse_mesh(
-    spec: str | None,
-    n_devices: int | None,
-    *,
-    tensor_mode: str = "none",
-    tensor_depth: int | None = None,
-) -> dict[str, int]:
-    """Parse ``--mesh``: ``data=2,tensor_row=2``, a preset name from ``meshes/``, or a TOML path.
-
-    Hyphenated spellings (``tensor-row``) are accepted; ``tensor=N`` is a shorthand factored by
-    the tensor mode. Unnamed axes are 1, except ``data``, which takes the remaining devices.
-    Returns the axis sizes, plus ``tensor_mode``/``seq_mode``/``zero`` if a preset sets them.
-    With ``n_devices=None`` (not known yet) an unnamed ``data`` is left out of the result.
-    """
-    if tensor_depth is not None and tensor_depth < 1:
-        raise ConfigError(
-            f"--tensor-depth {tensor_depth} must be at least 1 (e.g. --tensor-depth 2)"
-        )
-    if spec is not None and spec.strip() == "":
-        raise ConfigError(
-            f"--mesh {spec!r} is empty; omit --mesh or give e.g. data={n_devices} (without "
-            f"--mesh, data parallelism over all {n_devices} devices)"
-        )
-    preset = _preset_path(spec) if spec is not None else None
-    if preset is not None:
-        if tensor_depth is not None:
-            raise ConfigError(
-                f"--tensor-depth {tensor_depth} does not apply to the preset {spec} (it sets its "
-                "own axes); omit --tensor-depth"
-            )
-        return _load_preset(preset, n_devices)
-    if tensor_depth is not None and (tensor_mode != "2.5d" or spec is None):
-        raise ConfigError(_depth_alone(tensor_depth, spec, tensor_mode))
-    if spec is None:
-        return {"data": n_devices} if n_devices is not None else {}
-    sizes: dict[str, int] = {}
-    tensor_total: int | None = None
-    for part in spec.split(","):
-        part = part.strip()
-        if not part:
-            continue
-        if "=" not in part:
-            raise ConfigError(
-                f"--mesh entry {part!r} is not axis=size (e.g. data=2,tensor_row=4), nor a preset "
-                f"in {MESHES_DIR} ({', '.join(list_presets()) or 'none'})"
-            )
-        name, value = (s.strip() for s in part.split("=", 1))
-        name = name.replace("-", "_")
-        try:
-            n = int(value)
-        except ValueError:
-            raise ConfigError(f"--mesh {name}={value!r}: the size must be an integer") from None
-        if n < 1:
-            raise ConfigError(f"--mesh {name}={n}: sizes must be at least 1")
-        if name == "tensor":
-            if tensor_total is not None:
-                raise ConfigError(
-                    f"--mesh names tensor twice (tensor={tensor_total} and tensor={n}); give it "
-                    f"once, e.g. tensor={tensor_total}"
-                )
-            tensor_total = n
-            continue
-        if name not in AXES:
-            import difflib
-
-            close = difflib.get_close_matches(name, AXES + ("tensor",), n=1)
-            hint = f"did you mean {close[0]!r}? " if close else ""
-            raise ConfigError(
-                f"--mesh axis {name!r} is unknown; {hint}valid axes: {', '.join(AXES)} (or tensor)"
-            )
-        if name in sizes:
-            raise ConfigError(
-                f"--mesh names axis {name!r} twice ({name}={sizes[name]} and {name}={n}); give "
-                f"each axis once, e.g. {name}={sizes[name]}"
-            )
-        sizes[name] = n
-    if tensor_depth is not None and tensor_total is None:
-        raise ConfigError(_depth_alone(tensor_depth, spec, tensor_mode))
-    if tensor_total is not None:
-        given = [a for a in ("tensor_row", "tensor_col", "tensor_depth") if a in sizes]
-        if given:
-            raise ConfigError(f"--mesh gives both tensor= and {given[0]}=; use one or the other")
-        from colossal_jax.rules import factor_tensor
-
-        sizes.update(factor_tensor(tensor_total, tensor_mode, tensor_depth))
-    if "data" not in sizes and n_devices is not None:
-        rest = math.prod(sizes.values())
-        if n_devices % rest:
-            raise ConfigError(
-                f"--mesh {spec} uses {rest} devices per data replica, which does not divide the "
-                f"{n_devices} devices; choose sizes whose product divides {n_devices}"
-            )
-        sizes["data"] = n_devices // rest
-    return sizes
-
-
-def _depth_alone(depth: int, spec: str | None, mode: str) -> str:
-    return (
-        f"--tensor-depth {depth} applies only to --mesh tensor=N with --tensor-mode 2.5d (got "
-        f"--mesh {spec or '(none)'}, --tensor-mode {mode}); e.g. --mesh tensor=8 --tensor-mode "
-        "2.5d --tensor-depth 2, or omit --tensor-depth"
-    )
-
-
-def list_presets() -> list[str]:
-    return sorted(p.stem for p in MESHES_DIR.glob("*.toml"))
-
-
-def _preset_path(spec: str) -> Path | None:
-    if spec.endswith(".toml"):
-        path = Path(spec)
-        if not path.is_file():
-            raise ConfigError(f"--mesh {spec}: no such TOML file")
-        return path
-    if "=" not in spec and "," not in spec:
-        path = MESHES_DIR / f"{spec}.toml"
-        if path.is_file():
-            return path
-        raise ConfigError(
-            f"--mesh {spec!r} is neither axis=size pairs nor a preset; presets: "
-            f"{', '.join(list_presets())}"
-        )
-    return None
-
-
-def _load_preset(path: Path, n_devices: int | None) -> dict[str, Any]:
-    try:
-        doc = tomllib.loads(path.read_text())
-    except tomllib.TOMLDecodeError as e:
-        raise ConfigError(f"--mesh {path}: not valid TOML ({e})") from None
-    mesh = doc.get("mesh", {})
-    spec = ",".join(f"{k}={v}" for k, v in mesh.items())
-    modes = doc.get("modes", {})
-    out: dict[str, Any] = parse_mesh(
-        spec or None,
-        n_devices,
-        tensor_mode=modes.get("tensor_mode", "none"),
-        tensor_depth=modes.get("tensor_depth"),
-    )
-    for key in ("tensor_mode", "seq_mode", "zero"):
-        if key in modes:
-            out[key] = modes[key]
-    return out
-
-
-def describe_preset(name: str) -> str:
-    """One line for ``--list-meshes``: name, axis sizes, modes, and the preset's own comment."""
-    path = MESHES_DIR / f"{name}.toml"
-    text = path.read_text()
-    doc = tomllib.loads(text)
-    mesh = doc.get("mesh", {})
-    axes = " ".join(["data=rest"] * ("data" not in mesh) + [f"{k}={v}" for k, v in mesh.items()])
-    modes = " ".join(f"{k}={v}" for k, v in doc.get("modes", {}).items()) or "-"
-    note = " ".join(
-        line.lstrip("#").strip() for line in text.splitlines() if line.startswith("#")
-    ).strip()
-    return f"{name:14s} {axes:50s} {modes:24s} {note}".rstrip()
 
 
 # ---- model / optimizer / training -------------------------------------------------------------
@@ -327,10 +142,10 @@ class OptimConfig:
 
     def validate(self) -> None:
         """Values no optimizer can use: negative decay or clipping, moments outside [0, 1)
-        (:func:`rules.check_optim`)."""
-        from colossal_jax import rules
+        (:func:`~colossal_jax.config.train_rules.check_optim`)."""
 
-        rules.check_optim(self)
+
+        check_optim(self)
 
 
 @dataclass(frozen=True)
@@ -338,7 +153,8 @@ class TrainConfig:
     """One training run.
 
     Attributes:
-      model: a name from ``models.registry.MODELS`` (any family: ``gpt2-tiny``, ``bert-tiny``,
+      model: a name from ``colossal_jax_models.registry.MODELS`` (any family: ``gpt2-tiny``,
+      ``bert-tiny``,
         ``vit-tiny`` …); its family decides the data task and may carry training defaults
         (:meth:`for_model`).
       model_overrides: ``field -> value`` applied to the named model config.
@@ -348,7 +164,8 @@ class TrainConfig:
       precision: fp32 | bf16 | fp16 (bf16/fp16 compute, fp32 master weights and optimizer
         state; fp16 with dynamic loss scaling).
       remat: activation checkpointing of each stack layer: none | dots | full | selective |
-        offload (:mod:`colossal_jax.remat`; ``dots``, the default, recomputes element-wise ops
+        offload (:mod:`colossal_jax.parallel.remat`; ``dots``, the default, recomputes element-wise
+        ops
         only).
       grad_accum: microbatches accumulated per optimizer step (the batch is split into this
         many; the update equals the one of the whole batch).
@@ -373,10 +190,11 @@ class TrainConfig:
       eval_batches: held-out batches (of ``batch_size`` sequences) each evaluation averages.
       peak_tflops: peak dense bf16 TFLOP/s per device for MFU where the built-in table lacks the
         device (``None``: the table's figure, or MFU not reported).
-      xla_preset: a named set of XLA flags (:mod:`colossal_jax.xla_presets`, e.g. ``gpu-perf``)
+      xla_preset: a named set of XLA flags (:mod:`colossal_jax.config.xla_presets`, e.g.
+      ``gpu-perf``)
         applied before JAX starts; ``None``: XLA's defaults.
       profile_dir, profile_steps: write a ``jax.profiler`` trace of steps ``"A:B"`` (1-based,
-        inclusive) to ``profile_dir`` (:mod:`colossal_jax.profiling`).
+        inclusive) to ``profile_dir`` (:mod:`colossal_jax.runtime.profiling`).
       host_overlap: ``auto | on | off``: whether the loop dispatches step k+1 (its batch
         built while step k ran) before reading step k's metrics. ``auto``: on where the device
         is not the host's own processor (GPU, TPU), off on a CPU backend, where the step's
@@ -422,11 +240,9 @@ class TrainConfig:
     @classmethod
     def for_model(cls, model: str, **fields: Any) -> TrainConfig:
         """A run of ``model`` from its family's training defaults (``vit-tiny``: the digits, 17
-        tokens per image, its steps, batch and learning rate; :func:`models.registry.
+        tokens per image, its steps, batch and learning rate; :func:`colossal_jax_models.registry.
         train_defaults`), then ``fields``; an ``optim`` given replaces the family's optimizer
         defaults whole. ``TrainConfig(model=...)`` keeps the library-wide defaults instead."""
-        from models.registry import train_defaults
-
         try:
             defaults = train_defaults(model)
         except KeyError as e:
@@ -438,13 +254,13 @@ class TrainConfig:
         return cls(model=model, **{**plain, **fields})
 
     def validate(self) -> None:
-        """Raise :class:`ConfigError` for an impossible field (:func:`rules.check_config`
-        without a model) or an unusable output path (:mod:`colossal_jax.preflight`)."""
-        from colossal_jax import preflight, rules
-
-        rules.check_config(self)
-        for name in ("checkpoint_dir", "metrics_file", "profile_dir"):
-            preflight.check_field(name, getattr(self, name))
+        """Raise :class:`ConfigError` for an impossible field: every rule that needs neither a
+        model nor files (:func:`~colossal_jax.config.parallel_rules.check_parallel`,
+        :func:`~colossal_jax.config.train_rules.check_train`). The rules that read a model, a
+        Hugging Face directory or the file system run when a run is resolved
+        (:func:`colossal_jax.checks.validate.check_config`)."""
+        check_parallel(self.parallel)
+        check_train(self)
 
 
 def warmup_note(cfg: TrainConfig) -> str | None:
@@ -464,32 +280,6 @@ def warmup_note(cfg: TrainConfig) -> str | None:
         f"steps, so the learning rate reaches --lr {cfg.optim.lr} only at the last step and "
         f"never decays ({hint})"
     )
-
-
-def param_count(m: Any) -> int:
-    """Parameters of the module a model config ``m`` (any family's,
-    :class:`models.registry.ModelConfig`) builds: its own count."""
-    return m.param_count()
-
-
-def state_bytes(cfg: TrainConfig, m: Any) -> float:
-    """A floor on the bytes of training state per device in device memory: fp32 parameters,
-    gradients and optimizer moments split over the tensor and pipeline axes, and over ``data``
-    by the ZeRO stage (moments from 1, gradients from 2, parameters at 3); host-offloaded state
-    does not count. No activations, so a model this refuses cannot fit whatever the
-    activations."""
-    par, n = cfg.parallel, param_count(m)
-    slots = {"adamw": 2, "lamb": 2, "lars": 1, "sgd": 1 if cfg.optim.b1 else 0}.get(
-        cfg.optim.name, 2
-    )
-    split = par.tensor_size * par.pipe
-
-    def over_data(from_stage: int) -> int:
-        return split * (par.data if par.zero >= from_stage else 1)
-
-    params = 0.0 if cfg.offload == "params" else 4 * n / over_data(3)
-    opt = 0.0 if cfg.offload in ("optimizer", "params") else 4 * n * slots / over_data(1)
-    return params + 4 * n / over_data(2) + opt
 
 
 def coerce(value: str, annotation: Any) -> Any:

@@ -2,7 +2,8 @@
 and read from the compiled program what each device moves and holds — no execution needed.
 
 ``measure`` returns the bytes received per device by every collective (ring model,
-:mod:`colossal_jax.hlo`), the closed-form figure of :mod:`colossal_jax.tensor.cost` for the same
+:mod:`colossal_jax.analysis.hlo`), the closed-form figure of :mod:`colossal_jax.tensor.cost` for
+the same
 block, and XLA's per-device temporary (activation) bytes from ``memory_analysis()``.
 """
 
@@ -19,16 +20,16 @@ import jax.numpy as jnp
 from flax import nnx
 from jax.sharding import NamedSharding
 
+from colossal_jax.analysis.hlo import analyze
 from colossal_jax.config import ParallelConfig
-from colossal_jax.hlo import analyze
 from colossal_jax.layers import MLP
 from colossal_jax.layers.context import use_parallelism
-from colossal_jax.mesh import build_mesh
+from colossal_jax.parallel.mesh import build_mesh
+from colossal_jax.parallel.sharding import make_layout, tree_shardings
 from colossal_jax.sequence.local import dot_product_attention
-from colossal_jax.sharding import make_layout, tree_shardings
 from colossal_jax.tensor.cost import Grid, layer_elements, mlp_elements
 from colossal_jax.tensor.layout import LocalAttention, TensorLayout
-from models.gpt import Block, GPTConfig
+from colossal_jax_models.gpt import Block, GPTConfig
 
 BlockName = Literal["mlp", "layer"]
 

@@ -19,13 +19,13 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from colossal_jax.commbench import compile_fwd_bwd
+from colossal_jax.analysis.hlo import analyze
 from colossal_jax.config import ParallelConfig
-from colossal_jax.hlo import analyze
-from colossal_jax.mesh import build_mesh
+from colossal_jax.parallel.mesh import build_mesh
+from colossal_jax.parallel.sharding import make_layout, make_local_attention
 from colossal_jax.sequence import cost
-from colossal_jax.sharding import make_layout, make_local_attention
-from models.gpt import Block, GPTConfig
+from colossal_jax_benchmarks.commbench import compile_fwd_bwd
+from colossal_jax_models.gpt import Block, GPTConfig
 
 
 @dataclass(frozen=True)

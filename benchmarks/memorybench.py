@@ -22,7 +22,8 @@ the run's shardings), and every byte figure below is a field of ``compiled.memor
   * ``temp_bytes`` = its ``temp_size_in_bytes`` (activations kept for the backward pass, the
     gradients inside the step, ZeRO-3's gathered layer, the optimizer's intermediates);
   * ``step_bytes`` = ``argument + output + temp − alias`` (the per-device footprint of one step,
-    as :mod:`colossal_jax.seqbench` defines it) and ``peak_bytes`` (``peak_memory_in_bytes``
+    as :mod:`colossal_jax_benchmarks.seqbench` defines it) and ``peak_bytes``
+    (``peak_memory_in_bytes``
     where the backend reports it, else 0).
 
 ``batch_bytes`` is itself read from the memory analysis of an identity on the batch compiled in
@@ -30,7 +31,8 @@ the batch's sharding (its ``argument_size_in_bytes``).
 
 The formula (fp32 AdamW: parameters 4 B, gradients 4 B, m and v 8 B per element) is evaluated
 per leaf: a leaf ZeRO shards (``zero.zero_dim`` not None) counts ``1/N_d`` of its elements in the
-sharded parts of the state, a leaf ZeRO leaves replicated (:func:`colossal_jax.zero.leftovers`)
+sharded parts of the state, a leaf ZeRO leaves replicated
+(:func:`colossal_jax.parallel.zero.leftovers`)
 counts whole. ``formula_bytes`` is the state wherever it lives; with ``--offload`` the state moved
 to ``pinned_host`` should leave device memory on a backend that honours memory kinds, but on the
 CPU backend the compiler ignores the placement (host-resident arguments are still counted in
@@ -48,10 +50,10 @@ from typing import Any
 
 import jax
 
-from colossal_jax.checkpoint import abstract_like
 from colossal_jax.config import ParallelConfig, TrainConfig, param_count
-from colossal_jax.sharding import is_variable
-from colossal_jax.zero import leftovers, zero_dim
+from colossal_jax.parallel.sharding import is_variable
+from colossal_jax.parallel.zero import leftovers, zero_dim
+from colossal_jax.training.checkpoint import abstract_like
 
 BATCH_KEYS = ("tokens", "targets", "positions", "weights")
 TUPLE_ENTRY_BYTES = 8
@@ -99,7 +101,7 @@ def abstract_batch(run, *, train_step: bool = False) -> dict[str, jax.ShapeDtype
     """The run's batch as abstract arrays in its sharding: the shapes and dtypes of its task's
     batches (``[b, s]``; image tokens carry a feature dimension); with ``train_step`` also the
     per-device stop flags the train step takes (``train.stop_flags``: one int32 per device)."""
-    from colossal_jax.train import stop_sharding
+    from colossal_jax.training.train import stop_sharding
 
     host = run.batches.batch(0)
     batch = {
@@ -147,7 +149,7 @@ def measure(
 ) -> dict:
     """Compile the value-and-grad and the train step of ``model`` at ``data=devices`` and return
     the per-device byte figures described in the module docstring."""
-    from colossal_jax.train import _value_and_grad_fn, build, make_train_step
+    from colossal_jax.training.train import _value_and_grad_fn, build, make_train_step
 
     t0 = time.perf_counter()
     run = build(config(model, zero, offload, remat, devices))
@@ -216,7 +218,7 @@ def step_footprint(stats) -> int:
 
 def step_bytes(run) -> dict:
     """Only the train step's footprint of a built run (for the budget search): one compile."""
-    from colossal_jax.train import make_train_step
+    from colossal_jax.training.train import make_train_step
 
     params = abstract_like(run.abstract_params, run.param_shardings)
     opt = abstract_like(jax.eval_shape(run.tx.init, run.abstract_params), run.opt_shardings)
@@ -253,7 +255,7 @@ def largest_fitting(
     be the answer); for each width depth grows until a compiled candidate does not fit; when the
     shallowest depth of a width does not fit, wider ones are not tried."""
     from colossal_jax.config import ConfigError
-    from colossal_jax.train import build
+    from colossal_jax.training.train import build
 
     tried: list[dict] = []
     best: dict | None = None
@@ -296,8 +298,8 @@ def remat_temporaries(seq: int = 1024, *, devices: int = 8, n_layer: int = 4) ->
     ``data=devices``: what activation checkpointing removes."""
     import dataclasses
 
-    from colossal_jax.remat import REMAT_MODES
-    from colossal_jax.train import build
+    from colossal_jax.parallel.remat import REMAT_MODES
+    from colossal_jax.training.train import build
 
     out = []
     for remat in REMAT_MODES:

@@ -3,7 +3,7 @@
 ``AutoModelForImageClassification``, as the family's ``AUTO_CLASS`` says).
 
 The checkpoint's JSON metadata names the model and its resolved architecture; the model zoo
-(:mod:`models.registry`) builds its parameter tree, and the family module
+(:mod:`colossal_jax_models.registry`) builds its parameter tree, and the family module
 (:data:`colossal_jax.hf.FAMILIES`) turns the architecture into a HF config and its parameter
 map into HF tensors. Only the parameters are read (not the optimizer state), as host arrays: no
 device and no mesh are needed, and each HF tensor is assembled and written one at a time, so the
@@ -21,15 +21,15 @@ import jax
 import numpy as np
 
 from colossal_jax import hf
-from colossal_jax.checkpoint import restore_params
 from colossal_jax.config import ConfigError
 from colossal_jax.hf.load import dotted
 from colossal_jax.hf.mapping import assemble, hf_shapes
 from colossal_jax.hf.tensors import SAFETENSORS, write_safetensors
+from colossal_jax.training.checkpoint import restore_params
 
 
 def _family_and_arch(meta: dict) -> tuple[Any, dict]:
-    from models.registry import model_config
+    from colossal_jax.config.families import model_config
 
     arch = meta.get("architecture")
     if not isinstance(arch, dict):
@@ -55,7 +55,7 @@ def _family_and_arch(meta: dict) -> tuple[Any, dict]:
 def export(checkpoint_dir: str | Path, out_dir: str | Path, step: int | None = None) -> Path:
     """Write checkpoint ``step`` (default: the latest) of ``checkpoint_dir`` as a Hugging Face
     directory ``out_dir``; returns the path of the safetensors file."""
-    from colossal_jax.preflight import latest_checkpoint_meta
+    from colossal_jax.checks.preflight import latest_checkpoint_meta
 
     found = latest_checkpoint_meta(str(checkpoint_dir))
     if found is None:
@@ -96,7 +96,7 @@ def _abstract_params(model: str, arch: dict) -> Any:
     (the restore returns host arrays)."""
     from flax import nnx
 
-    from models.registry import family_of, model_config
+    from colossal_jax.config.families import family_of, model_config
 
     cfg = model_config(model, **arch)
     family = family_of(model)

@@ -1,12 +1,14 @@
-"""The data task of each model family (:data:`models.registry.TASKS`): how the data sizes the
+"""The data task of each model family (:data:`colossal_jax_models.registry.TASKS`): how the data
+sizes the
 model and which batches a run reads.
 
-- ``causal_lm``: next-token prediction on a token corpus (:class:`colossal_jax.data.Batches`);
+- ``causal_lm``: next-token prediction on a token corpus
+(:class:`colossal_jax.data.corpus.Batches`);
   the model's vocabulary is the corpus's.
 - ``masked_lm``: BERT's masked tokens on a token corpus
-  (:class:`colossal_jax.masked_lm.MaskedBatches`); the vocabulary is the corpus's plus four
+  (:class:`colossal_jax.data.masked_lm.MaskedBatches`); the vocabulary is the corpus's plus four
   special tokens, padded to a multiple of 64.
-- ``image_classification``: images as patch tokens (:class:`colossal_jax.images.ImageBatches`);
+- ``image_classification``: images as patch tokens (:class:`colossal_jax.data.images.ImageBatches`);
   the data fits the model (the rules check it), not the other way round.
 
 Every task's batches are dicts of ``tokens, targets, positions, weights`` (``[b, s]``; image
@@ -22,7 +24,14 @@ from typing import Any, Protocol
 import numpy as np
 
 from colossal_jax.config import TrainConfig
-from colossal_jax.data import BYTE_VOCAB, Batches, Corpus, load_corpus, split_corpus, vocab_of
+from colossal_jax.data.corpus import (
+    BYTE_VOCAB,
+    Batches,
+    Corpus,
+    load_corpus,
+    split_corpus,
+    vocab_of,
+)
 
 
 class TaskBatches(Protocol):
@@ -46,7 +55,7 @@ def model_vocab(task: str, data_vocab: int | None) -> int | None:
     if data_vocab is None or task == "image_classification":
         return None
     if task == "masked_lm":
-        from colossal_jax.masked_lm import vocab_size_for
+        from colossal_jax.data.masked_lm import vocab_size_for
 
         return vocab_size_for(data_vocab)
     return data_vocab
@@ -82,7 +91,7 @@ def make_batches(
     attention's zigzag) applied to every array of every batch."""
     b, s, seed = cfg.batch_size, cfg.seq_len, cfg.seed
     if task == "image_classification":
-        from colossal_jax.images import ImageBatches, load_images, split
+        from colossal_jax.data.images import ImageBatches, load_images, split
 
         source, note = load_images(cfg.data, model.image_size, model.channels, model.num_classes)
         train_idx, held_idx = split(source)
@@ -93,7 +102,7 @@ def make_batches(
     assert corpus is not None
     train_corpus, held_out = split_corpus(corpus, s)
     if task == "masked_lm":
-        from colossal_jax.masked_lm import MaskedBatches
+        from colossal_jax.data.masked_lm import MaskedBatches
 
         def make(c: Corpus) -> TaskBatches:
             return MaskedBatches(c, b, s, seed, model.vocab_size, order)

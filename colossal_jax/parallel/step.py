@@ -5,13 +5,13 @@ of the global batch and its gradients, with the contract of ``jax.value_and_grad
 loss except that the gradients come in the ZeRO stage's shardings (split over ``data`` for
 stages 2 and 3). Inside one ``shard_map`` over every mesh axis:
 
-1. :func:`colossal_jax.zero.enter` makes every parameter vary over ``data``, so the kernels
+1. :func:`colossal_jax.parallel.zero.enter` makes every parameter vary over ``data``, so the kernels
    reduce their weight gradients only over their tensor/sequence axes;
 2. the local batch block is cut into ``accum`` microbatches of consecutive rows and a
    ``lax.scan`` runs forward and backward of each, adding up the gradients (gradient
    accumulation, activation memory of one microbatch); stage 2 reduce-scatters each
    microbatch's gradient into a ``Ψ/N`` accumulator, stage 3 does so inside the backward pass;
-3. :func:`colossal_jax.zero.reduce` is the one reduction over ``data``.
+3. :func:`colossal_jax.parallel.zero.reduce` is the one reduction over ``data``.
 
 ``scale`` multiplies the loss before differentiation (fp16 dynamic loss scaling); the loss
 returned is unscaled, the gradients are not (the caller unscales and checks them).
@@ -27,9 +27,9 @@ import jax.numpy as jnp
 from flax import nnx
 from jax.sharding import PartitionSpec as P
 
-from colossal_jax import zero
 from colossal_jax.layers import use_parallelism
 from colossal_jax.layers.stack import use_stack_options
+from colossal_jax.parallel import zero
 from colossal_jax.tensor.grid import axes_of
 from colossal_jax.tensor.layout import LocalAttention, TensorLayout
 
@@ -62,7 +62,7 @@ def sharded_value_and_grad(
     Args:
       param_specs, grad_specs: PartitionSpec trees of the parameters as stored and of the
         gradients returned (the ZeRO stage's).
-      dims, layer_dims: :func:`colossal_jax.zero.zero_dims` of the parameters and
+      dims, layer_dims: :func:`colossal_jax.parallel.zero.zero_dims` of the parameters and
         :func:`stack_layer_dims`.
       stage: ZeRO stage 0–3. accum: microbatches accumulated per step.
       remat: the stack's ``jax.checkpoint`` policy (``None``: none; ZeRO-3 without one still

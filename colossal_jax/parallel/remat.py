@@ -34,9 +34,9 @@ from dataclasses import dataclass
 
 import jax
 
+from colossal_jax.layers.stack import LAYER_INPUT
+
 REMAT_MODES = ("none", "dots", "full", "selective", "offload")
-LAYER_INPUT = "layer_input"
-"""``checkpoint_name`` of each layer's input inside the scan body."""
 
 
 @dataclass(frozen=True)

@@ -2,7 +2,8 @@
 Toward Training Trillion Parameter Models", arXiv 1910.02054).
 
 Design: ``data`` is not a gradient axis of any kernel. The step runs in one ``jax.shard_map`` in
-which every mesh axis is manual (:mod:`colossal_jax.step`); on entry every parameter is cast to
+which every mesh axis is manual (:mod:`colossal_jax.parallel.step`); on entry every parameter is
+cast to
 *varying* over ``data`` (:func:`enter`), so the kernels' own weight-gradient reductions cover only
 their tensor and sequence axes and each device's gradient is its batch shard's partial sum. One
 place, :func:`reduce`, then owns the reduction over ``data``, per stage:
@@ -21,7 +22,8 @@ place, :func:`reduce`, then owns the reduction over ``data``, per stage:
   (two all-gathers, one reduce-scatter): 1.5× stage 0. The embedding, final norm and head (not
   stacked) are gathered whole at the start.
 
-The dimension sharded over ``data`` is the one :func:`colossal_jax.sharding.zero_spec` picks (the
+The dimension sharded over ``data`` is the one :func:`colossal_jax.parallel.sharding.zero_spec`
+picks (the
 first that divides after the tensor split; never the layer dimension); a parameter with no such
 dimension stays replicated (:func:`leftovers` lists them) and is all-reduced as in stage 0.
 
@@ -40,7 +42,7 @@ from flax import nnx
 from jax.ad_checkpoint import checkpoint_name
 
 from colossal_jax.layers.stack import StackOptions, is_stacked
-from colossal_jax.sharding import _axes_of, is_variable, variable_spec, zero_spec
+from colossal_jax.parallel.sharding import _axes_of, is_variable, variable_spec, zero_spec
 from colossal_jax.tensor.kernels import varying
 from colossal_jax.tensor.layout import TensorLayout
 

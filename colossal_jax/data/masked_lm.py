@@ -24,7 +24,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from colossal_jax.config import ConfigError
-from colossal_jax.data import Corpus
+from colossal_jax.data.corpus import Corpus
 
 SPECIALS = ("[CLS]", "[SEP]", "[MASK]", "[PAD]")
 VOCAB_MULTIPLE = 64
