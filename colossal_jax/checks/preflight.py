@@ -272,14 +272,16 @@ def latest_checkpoint_meta(checkpoint_dir: str | None) -> tuple[int, dict] | Non
         return None
 
 
-def check_resume(cfg, architecture=architecture) -> None:
+def check_resume(cfg, architecture=architecture, model=None) -> None:
     """A ``--checkpoint-dir`` holding a run must be resumed with arrays of the same shapes: the
     same model (name, ``--set model.*``, and the vocabulary of ``--data``), the same seed (the
     data order), and an optimizer whose state has the same structure (name, clipping on or off,
     SGD momentum on or off, fp16 loss scaling or not). Read from the latest checkpoint's JSON
     metadata, before JAX; the mesh, ZeRO stage, pipeline and ``--device-batch`` may differ.
     ``architecture(name, overrides)`` is a model config as a dict. ``cli.main`` and
-    ``train.train`` both call this, so the command line and the Python API refuse alike."""
+    ``train.train`` both call this, so the command line and the Python API refuse alike.
+    ``model``: the run's model config when the caller has resolved it
+    (:func:`colossal_jax.checks.resolve.resolve`); otherwise it is sized here."""
     found = latest_checkpoint_meta(cfg.checkpoint_dir)
     if found is None:
         return
@@ -298,12 +300,18 @@ def check_resume(cfg, architecture=architecture) -> None:
             before = architecture(saved["model"], sized)
     except (ValueError, KeyError, TypeError, AttributeError):
         return  # not ours to judge; the restore reports it
-    from colossal_jax.hf.checks import model_overrides
+    if model is not None:
+        import dataclasses
 
-    try:
-        now = architecture(cfg.model, _sized_for_data(model_overrides(cfg), cfg.data, cfg.model))
-    except (ValueError, TypeError, KeyError):
-        return  # a bad model override or data file; building the model reports it
+        now = dataclasses.asdict(model)
+    else:
+        from colossal_jax.hf.checks import model_overrides
+
+        try:
+            sized = _sized_for_data(model_overrides(cfg), cfg.data, cfg.model)
+            now = architecture(cfg.model, sized)
+        except (ValueError, TypeError, KeyError):
+            return  # a bad model override or data file; building the model reports it
     where = f"--checkpoint-dir {cfg.checkpoint_dir} holds step {step} of a run with"
     other = "or another --checkpoint-dir"
     if saved["model"] != cfg.model:
