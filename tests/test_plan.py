@@ -438,6 +438,31 @@ def test_files_are_read_once_per_path_and_stat(monkeypatch, tmp_path):
     assert reads["config.json"] == 2
 
 
+def test_path_probes_repeat_only_when_the_path_changes(monkeypatch, tmp_path):
+    """An output path is probed (a temporary entry created and removed) once; again when it, or
+    the directory it would be created in, appears or changes owner or permissions."""
+    probed = []
+    check_field = resolve_module.check_field
+
+    def counted(name, value):
+        if name != "data":  # the data check is cached per file (test below)
+            probed.append(name)
+        return check_field(name, value)
+
+    monkeypatch.setattr(resolve_module, "check_field", counted)
+    ckpt = tmp_path / "ckpt"
+    cfg = _base(checkpoint_dir=str(ckpt), metrics_file=str(tmp_path / "m.jsonl"))
+    for _ in range(5):
+        resolve(cfg, 8)
+    assert sorted(probed) == ["checkpoint_dir", "metrics_file"]
+    ckpt.mkdir()  # the directory a run created: probed again, where it now is
+    resolve(cfg, 8)
+    assert probed[2:] == ["checkpoint_dir"]
+    ckpt.chmod(0o500)
+    resolve(cfg, 8)
+    assert probed[3:] == ["checkpoint_dir"]
+
+
 def test_resolving_imports_no_jax():
     code = """
         import sys

@@ -18,8 +18,11 @@ command line's):
 
 What reads a file is cached by the file's path and ``stat`` (a Hugging Face ``config.json``, a
 ``--data`` file's tokens), so a planner that resolves thousands of candidates reads each once;
-an edited file is read again. Pure and JAX-free: the rules that need the backend (the attention
-kernel, an ``--xla-preset`` in effect) stay where the run is built.
+an edited file is read again. The probes of the output paths (a temporary entry created and
+removed: about 4 ms for a directory on a slow file system) are repeated only when the path, or
+the directory it would be created in, appears or changes owner or permissions. Pure and
+JAX-free: the rules that need the backend (the attention kernel, an ``--xla-preset`` in effect)
+stay where the run is built.
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ from __future__ import annotations
 import dataclasses
 import os
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -119,8 +123,8 @@ def _check_files(cfg: TrainConfig) -> int | None:
         value = getattr(cfg, name)
         if name == "data":
             vocab = _corpus_vocab(value)
-        else:
-            check_field(name, value)
+        elif value is not None:
+            _cached(("path", name, value, _nearest(value)), partial(check_field, name, value))
     return vocab
 
 
@@ -166,6 +170,22 @@ def _cached(key: tuple, read: Callable[[], Any]) -> Any:
             _READS.clear()
         _READS[key] = read()
     return _READS[key]
+
+
+def _nearest(path: str) -> tuple[str, tuple[int, ...] | None]:
+    """``path``, or else its nearest existing ancestor, with its owner and permissions: what
+    decides whether a probe of ``path`` (:func:`colossal_jax.checks.preflight.check_field`) can
+    create an entry."""
+    p = Path(path).absolute()
+    while True:
+        try:
+            st = p.stat()
+        except (OSError, ValueError):
+            if p != p.parent:
+                p = p.parent
+                continue
+            return str(p), None
+        return str(p), (st.st_dev, st.st_ino, st.st_mode, st.st_uid, st.st_gid)
 
 
 def _stamp(path: str) -> tuple[int, int, int] | None:
