@@ -290,14 +290,7 @@ def check_resume(cfg, architecture=architecture, model=None) -> None:
         saved = meta["config"]
         optim = saved["optim"]
         old_data = saved.get("data")
-        if isinstance(meta.get("architecture"), dict):
-            before = meta["architecture"]
-        else:  # written before the resolved model was saved: size it for the saved data
-            try:
-                sized = _sized_for_data(saved.get("model_overrides", {}), old_data, saved["model"])
-            except ConfigError:  # the saved data file is gone or changed
-                sized = saved.get("model_overrides", {})
-            before = architecture(saved["model"], sized)
+        before = _saved_architecture(meta, architecture)
     except (ValueError, KeyError, TypeError, AttributeError):
         return  # not ours to judge; the restore reports it
     if model is not None:
@@ -338,6 +331,26 @@ def check_resume(cfg, architecture=architecture, model=None) -> None:
             f"{where} --seed {saved['seed']}, not {cfg.seed} (the data order would change); use "
             f"--seed {saved['seed']} to resume it, {other}"
         )
+    _check_state_structure(cfg, optim, saved.get("precision"), where, other)
+
+
+def _saved_architecture(meta: dict, architecture) -> dict:
+    """The model config a checkpoint's metadata records, as a dict; one written before the
+    resolved model was saved is sized for the data it names."""
+    if isinstance(meta.get("architecture"), dict):
+        return meta["architecture"]
+    saved = meta["config"]
+    try:
+        sized = _sized_for_data(saved.get("model_overrides", {}), saved.get("data"), saved["model"])
+    except ConfigError:  # the saved data file is gone or changed
+        sized = saved.get("model_overrides", {})
+    return architecture(saved["model"], sized)
+
+
+def _check_state_structure(cfg, optim: dict, precision: str | None, where: str, other: str) -> None:
+    """The optimizer state of a saved run (its ``optim`` config and ``precision``) has the
+    structure ``cfg``'s needs: the same optimizer, clipping on or off, SGD momentum on or off,
+    fp16 loss scaling or not."""
     name = optim.get("name")
     momentum = name in ("sgd",)  # optax.sgd keeps a momentum trace only when b1 > 0
     for flag, old, new, same in (
@@ -356,7 +369,7 @@ def check_resume(cfg, architecture=architecture, model=None) -> None:
         ),
         (
             "--precision",
-            saved.get("precision"),
+            precision,
             cfg.precision,
             lambda a, b: (a == "fp16") == (b == "fp16"),
         ),
