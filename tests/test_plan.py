@@ -433,7 +433,7 @@ def test_files_are_read_once_per_path_and_stat(monkeypatch, tmp_path):
         assert resolve(cfg, 8) == first
     assert reads == after_first and after_first["config.json"] == 1
     config = Path(directory) / "config.json"
-    config.write_text(json.dumps({**HF_GPT2, "n_layer": 4}))  # an edited file is read again
+    config.write_text(json.dumps({**HF_GPT2, "n_layer": 4, "n_inner": 256}))  # edited: read again
     assert resolve(cfg, 8).model.n_layer == 4
     assert reads["config.json"] == 2
 

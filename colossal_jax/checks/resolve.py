@@ -51,7 +51,7 @@ from colossal_jax.config.model_rules import (
 from colossal_jax.config.parallel_rules import check_parallel, uses_zigzag
 from colossal_jax.config.plan import Devices, Plan
 from colossal_jax.config.schema import TrainConfig
-from colossal_jax.config.tensor_split import split_of
+from colossal_jax.config.tensor_split import batch_shards, split_of
 from colossal_jax.config.train_rules import check_train, host_overlap
 from colossal_jax.data.corpus import vocab_of
 from colossal_jax.hf.checks import model_overrides
@@ -76,6 +76,7 @@ def resolve(config: TrainConfig, devices: Devices | int) -> Plan:
         family = family_of(config.model)
     except KeyError as e:
         raise ConfigError(e.args[0]) from None
+    # as data.tasks.data_vocab: images size nothing
     data_vocab = None if family.task == "image_classification" else corpus_vocab
     model = size_model(config, overrides, data_vocab)
     check_model(model, MODELS[config.model], config.model_overrides)
@@ -105,7 +106,7 @@ def resolve(config: TrainConfig, devices: Devices | int) -> Plan:
         remat=config.remat,
         precision=config.precision,
         offload=config.offload,
-        batch_shards=par.data * split.batch,
+        batch_shards=batch_shards(par),
         tensor_split=split,
         zigzag=uses_zigzag(par, model),
         host_overlap=host_overlap(config.host_overlap, devices.platform),
