@@ -272,14 +272,16 @@ def latest_checkpoint_meta(checkpoint_dir: str | None) -> tuple[int, dict] | Non
         return None
 
 
-def check_resume(cfg, architecture=architecture) -> None:
+def check_resume(cfg, architecture=architecture, model=None) -> None:
     """A ``--checkpoint-dir`` holding a run must be resumed with arrays of the same shapes: the
     same model (name, ``--set model.*``, and the vocabulary of ``--data``), the same seed (the
     data order), and an optimizer whose state has the same structure (name, clipping on or off,
     SGD momentum on or off, fp16 loss scaling or not). Read from the latest checkpoint's JSON
     metadata, before JAX; the mesh, ZeRO stage, pipeline and ``--device-batch`` may differ.
     ``architecture(name, overrides)`` is a model config as a dict. ``cli.main`` and
-    ``train.train`` both call this, so the command line and the Python API refuse alike."""
+    ``train.train`` both call this, so the command line and the Python API refuse alike.
+    ``model``: the run's model config when the caller has resolved it
+    (:func:`colossal_jax.checks.resolve.resolve`); otherwise it is sized here."""
     found = latest_checkpoint_meta(cfg.checkpoint_dir)
     if found is None:
         return
@@ -288,22 +290,21 @@ def check_resume(cfg, architecture=architecture) -> None:
         saved = meta["config"]
         optim = saved["optim"]
         old_data = saved.get("data")
-        if isinstance(meta.get("architecture"), dict):
-            before = meta["architecture"]
-        else:  # written before the resolved model was saved: size it for the saved data
-            try:
-                sized = _sized_for_data(saved.get("model_overrides", {}), old_data, saved["model"])
-            except ConfigError:  # the saved data file is gone or changed
-                sized = saved.get("model_overrides", {})
-            before = architecture(saved["model"], sized)
+        before = _saved_architecture(meta, architecture)
     except (ValueError, KeyError, TypeError, AttributeError):
         return  # not ours to judge; the restore reports it
-    from colossal_jax.hf.checks import model_overrides
+    if model is not None:
+        import dataclasses
 
-    try:
-        now = architecture(cfg.model, _sized_for_data(model_overrides(cfg), cfg.data, cfg.model))
-    except (ValueError, TypeError, KeyError):
-        return  # a bad model override or data file; building the model reports it
+        now = dataclasses.asdict(model)
+    else:
+        from colossal_jax.hf.checks import model_overrides
+
+        try:
+            sized = _sized_for_data(model_overrides(cfg), cfg.data, cfg.model)
+            now = architecture(cfg.model, sized)
+        except (ValueError, TypeError, KeyError):
+            return  # a bad model override or data file; building the model reports it
     where = f"--checkpoint-dir {cfg.checkpoint_dir} holds step {step} of a run with"
     other = "or another --checkpoint-dir"
     if saved["model"] != cfg.model:
@@ -330,6 +331,26 @@ def check_resume(cfg, architecture=architecture) -> None:
             f"{where} --seed {saved['seed']}, not {cfg.seed} (the data order would change); use "
             f"--seed {saved['seed']} to resume it, {other}"
         )
+    _check_state_structure(cfg, optim, saved.get("precision"), where, other)
+
+
+def _saved_architecture(meta: dict, architecture) -> dict:
+    """The model config a checkpoint's metadata records, as a dict; one written before the
+    resolved model was saved is sized for the data it names."""
+    if isinstance(meta.get("architecture"), dict):
+        return meta["architecture"]
+    saved = meta["config"]
+    try:
+        sized = _sized_for_data(saved.get("model_overrides", {}), saved.get("data"), saved["model"])
+    except ConfigError:  # the saved data file is gone or changed
+        sized = saved.get("model_overrides", {})
+    return architecture(saved["model"], sized)
+
+
+def _check_state_structure(cfg, optim: dict, precision: str | None, where: str, other: str) -> None:
+    """The optimizer state of a saved run (its ``optim`` config and ``precision``) has the
+    structure ``cfg``'s needs: the same optimizer, clipping on or off, SGD momentum on or off,
+    fp16 loss scaling or not."""
     name = optim.get("name")
     momentum = name in ("sgd",)  # optax.sgd keeps a momentum trace only when b1 > 0
     for flag, old, new, same in (
@@ -348,7 +369,7 @@ def check_resume(cfg, architecture=architecture) -> None:
         ),
         (
             "--precision",
-            saved.get("precision"),
+            precision,
             cfg.precision,
             lambda a, b: (a == "fp16") == (b == "fp16"),
         ),

@@ -32,15 +32,19 @@ def check_config(
 
 def resolve_model(cfg: TrainConfig, data_vocab: int | None) -> Any:
     """The model config (of any family, :mod:`colossal_jax_models.registry`): the named one, the
-    architecture
-    of ``--init-from-hf`` (if given) or else the vocabulary its task needs for data of
-    ``data_vocab`` token ids (:func:`colossal_jax.data.tasks.model_vocab`), then ``--set model.*``;
-    an
-    unknown name or field is a ConfigError."""
+    architecture of ``--init-from-hf`` (if given) or else the vocabulary its task needs for data
+    of ``data_vocab`` token ids (:func:`colossal_jax.data.tasks.model_vocab`), then ``--set
+    model.*``; an unknown name or field is a ConfigError."""
+    return size_model(cfg, model_overrides(cfg), data_vocab)
+
+
+def size_model(cfg: TrainConfig, overrides: dict[str, Any], data_vocab: int | None) -> Any:
+    """:func:`resolve_model` for the run's model fields ``overrides`` already read
+    (:func:`colossal_jax.hf.checks.model_overrides`: ``--init-from-hf`` and ``--set model.*``)."""
     from colossal_jax.config.families import model_config, task_of
     from colossal_jax.data.tasks import model_vocab
 
-    overrides = model_overrides(cfg)
+    overrides = dict(overrides)
     if cfg.init_from_hf is not None and data_vocab is not None and "vocab_size" in overrides:
         if data_vocab > overrides["vocab_size"]:
             raise ConfigError(

@@ -12,8 +12,8 @@ import re
 import sys
 
 from colossal_jax.config import ConfigError
-
-_FLAG = "--xla_force_host_platform_device_count"
+from colossal_jax.config.plan import DEVICE_COUNT_FLAG as _FLAG
+from colossal_jax.config.plan import devices_hint as devices_hint
 
 
 def backends_initialized() -> bool:
@@ -62,12 +62,3 @@ def simulate_cpu_devices(n: int, *, force_cpu: bool = False) -> None:
             import jax
 
             jax.config.update("jax_platforms", "cpu")
-
-
-def devices_hint(wanted: int, available: int) -> str:
-    """What to do when ``wanted`` devices are asked for on a CPU with only ``available``."""
-    return (
-        f"on a CPU, call colossal_jax.simulate_cpu_devices({wanted}) before anything touches JAX "
-        f"(or set XLA_FLAGS={_FLAG}={wanted}; the command line's --devices {wanted} does this), "
-        f"or use {available} device(s)"
-    )
