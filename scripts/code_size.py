@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""The largest modules and function bodies of the library, against the limits of docs/architecture.md.
+"""The largest modules and function bodies of the library, against docs/architecture.md's limits.
 
   python scripts/code_size.py                 # the five largest of each, and every one over a limit
   python scripts/code_size.py --top 10 --path colossal_jax/training
@@ -44,19 +44,23 @@ def measure(root: Path) -> tuple[list[tuple[int, str]], list[tuple[int, str]]]:
         rel = path.relative_to(ROOT)
         modules.append((len(text.splitlines()), str(rel)))
 
-        def visit(node: ast.AST, prefix: str) -> None:
-            for child in ast.iter_child_nodes(node):
-                if isinstance(child, ast.FunctionDef | ast.AsyncFunctionDef):
-                    name = f"{prefix}{child.name}"
-                    functions.append((body_lines(child), f"{rel}:{name}"))
-                    visit(child, name + ".")
-                elif isinstance(child, ast.ClassDef):
-                    visit(child, f"{prefix}{child.name}.")
-                else:
-                    visit(child, prefix)
-
-        visit(ast.parse(text), "")
+        functions += [(n, f"{rel}:{name}") for n, name in _functions(ast.parse(text), "")]
     return sorted(modules, reverse=True), sorted(functions, reverse=True)
+
+
+def _functions(node: ast.AST, prefix: str) -> list[tuple[int, str]]:
+    """``(body lines, qualified name)`` of every function under ``node``."""
+    out = []
+    for child in ast.iter_child_nodes(node):
+        if isinstance(child, ast.FunctionDef | ast.AsyncFunctionDef):
+            name = f"{prefix}{child.name}"
+            out.append((body_lines(child), name))
+            out += _functions(child, name + ".")
+        elif isinstance(child, ast.ClassDef):
+            out += _functions(child, f"{prefix}{child.name}.")
+        else:
+            out += _functions(child, prefix)
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:
