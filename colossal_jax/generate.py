@@ -34,6 +34,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from colossal_jax.config import ConfigError, OptimConfig, ParallelConfig, TrainConfig
+from colossal_jax.config.flags import flag, values_of
 from colossal_jax.config.parallel_rules import check_axes_for_modes, check_parallel, uses_zigzag
 from colossal_jax.config.tensor_split import batch_shards
 from colossal_jax.config.train_rules import check_sampling
@@ -51,11 +52,11 @@ class Sampling:
       num_samples: independent samples of the prompt (batch rows).
     """
 
-    max_new_tokens: int = 200
-    temperature: float = 0.8
-    top_k: int | None = None
-    seed: int = 0
-    num_samples: int = 1
+    max_new_tokens: int = flag(200, "tokens to generate")
+    temperature: float = flag(0.8, "0: greedy")
+    top_k: int | None = flag(None, "sample among the k most likely tokens")
+    seed: int = flag(0, "seeds the draws")
+    num_samples: int = flag(1, "samples of the prompt")
 
 
 def saved_config(meta: dict) -> TrainConfig:
@@ -281,11 +282,13 @@ def decode_ids(ids: list[int]) -> str:
 
 
 def build_parser():
+    """The flags: the checkpoint and prompt, one per :class:`Sampling` field, and the mesh
+    flags of ``train.py`` (:func:`colossal_jax.cli.parser.add_mesh_flags`)."""
     import argparse
 
-    from colossal_jax.cli import _float, _int
+    from colossal_jax.cli.parser import add_config_flag, add_mesh_flags, integer
+    from colossal_jax.config.flags import flags_of
 
-    s = Sampling()
     p = argparse.ArgumentParser(
         prog="generate.py",
         description="Sample text from a causal LM checkpoint (GPT) on any mesh.",
@@ -295,39 +298,28 @@ def build_parser():
     a = p.add_argument
     a("--checkpoint-dir", required=True, help="the --checkpoint-dir of a training run")
     a("--prompt", required=True, help="text the samples continue (byte tokens)")
-    a("--max-new-tokens", type=_int, default=s.max_new_tokens, help="tokens to generate")
-    a("--temperature", type=_float, default=s.temperature, help="0: greedy")
-    a("--top-k", type=_int, default=None, help="sample among the k most likely tokens")
-    a("--seed", type=_int, default=s.seed, help="seeds the draws")
-    a("--num-samples", type=_int, default=s.num_samples, help="samples of the prompt")
-    a("--step", type=_int, default=None, help="checkpoint step (default: the latest)")
-    a("--mesh", default=None, help="as train.py's --mesh (default: data=all devices)")
-    a("--devices", type=_int, default=None, help="devices; on a CPU, simulate this many (1)")
-    a("--tensor-mode", default=None, help="none, 1d, 2d, 2.5d, 3d")
-    a("--tensor-depth", type=_int, default=None, help="depth of 2.5d with --mesh tensor=N")
-    a("--seq-mode", default=None, help="none, ring, ulysses, ring-self-attention")
+    for f in flags_of(Sampling):
+        add_config_flag(p, f)
+    a("--step", type=integer, default=None, help="checkpoint step (default: the latest)")
+    add_mesh_flags(p, cpu_devices=1)
     return p
 
 
 def parallel_from_args(args, n_devices: int) -> ParallelConfig:
-    """The mesh of ``--mesh/--tensor-mode/--tensor-depth/--seq-mode`` (as ``train.py`` reads
-    them), checked against ``n_devices``."""
+    """The mesh of ``--mesh/--tensor-mode/--tensor-depth/--seq-mode``, read as ``train.py``
+    reads them (:func:`colossal_jax.cli.configure.parallel_config`), for sampling: no ZeRO
+    (inference keeps whole parameters over data) and one microbatch per pipeline stage; checked
+    against ``n_devices``."""
+    from colossal_jax.cli.configure import parallel_config
 
-    from colossal_jax.config import parse_mesh
-
-    mesh = parse_mesh(
-        args.mesh, n_devices, tensor_mode=args.tensor_mode or "none", tensor_depth=args.tensor_depth
+    par = parallel_config(
+        args.mesh,
+        n_devices,
+        args.tensor_depth,
+        tensor_mode=args.tensor_mode,
+        seq_mode=args.seq_mode,
     )
-    modes = {k: mesh.pop(k) for k in ("tensor_mode", "seq_mode", "zero") if k in mesh}
-    modes.pop("zero", None)  # inference keeps whole parameters over data
-    if args.tensor_mode is not None:
-        modes["tensor_mode"] = args.tensor_mode
-    if args.seq_mode is not None:
-        modes["seq_mode"] = args.seq_mode
-    if "seq_mode" not in modes and mesh.get("seq", 1) > 1:
-        modes["seq_mode"] = "ring"
-    pipe = mesh.get("pipe", 1)
-    par = ParallelConfig(**mesh, **modes, microbatches=pipe if pipe > 1 else None)
+    par = dataclasses.replace(par, zero=0, microbatches=par.pipe if par.pipelined else None)
     check_parallel(par, n_devices)
     check_axes_for_modes(par)
     return par
@@ -335,14 +327,11 @@ def parallel_from_args(args, n_devices: int) -> ParallelConfig:
 
 def main(argv: list[str] | None = None) -> int:
     """``scripts/generate.py``: print each sample; exit 0, or 2 with one ``error:`` line."""
-    import os
+    from colossal_jax.cli.launch import simulate_host_devices
 
     try:
         args = build_parser().parse_args(argv)
-        n = args.devices if args.devices is not None else 1
-        flags = os.environ.get("XLA_FLAGS", "")
-        if "xla_force_host_platform_device_count" not in flags:
-            os.environ["XLA_FLAGS"] = f"{flags} --xla_force_host_platform_device_count={n}".strip()
+        simulate_host_devices(args.devices if args.devices is not None else 1)
         import jax
 
         available = jax.device_count()
@@ -351,13 +340,7 @@ def main(argv: list[str] | None = None) -> int:
         n = args.devices if args.devices is not None else available
         par = parallel_from_args(args, n)
         sampler = Sampler(args.checkpoint_dir, par, devices=n, step=args.step)
-        sampling = Sampling(
-            max_new_tokens=args.max_new_tokens,
-            temperature=args.temperature,
-            top_k=args.top_k,
-            seed=args.seed,
-            num_samples=args.num_samples,
-        )
+        sampling = Sampling(**values_of(Sampling, args))
         for i, text in enumerate(sampler.sample(args.prompt, sampling)):
             if sampling.num_samples > 1:
                 print(f"--- sample {i}")

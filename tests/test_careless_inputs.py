@@ -363,4 +363,4 @@ def test_resume_check_accepts_the_same_run_on_another_mesh(files):
         optim=OptimConfig(clip_norm=0.5),
         parallel=ParallelConfig(data=2, tensor_row=4, tensor_mode="1d"),
     )
-    preflight.check_resume(cfg, cli._architecture)
+    preflight.check_resume(cfg, preflight.architecture)

@@ -15,9 +15,11 @@ import typing
 from dataclasses import dataclass, field
 from typing import Any
 
+from colossal_jax.config import choices
 from colossal_jax.config.choices import AXES
 from colossal_jax.config.errors import ConfigError
 from colossal_jax.config.families import train_defaults
+from colossal_jax.config.flags import flag
 from colossal_jax.config.parallel_rules import check_parallel
 from colossal_jax.config.train_rules import check_optim, check_train
 
@@ -53,13 +55,44 @@ class ParallelConfig:
     tensor_col: int = 1
     tensor_depth: int = 1
     seq: int = 1
-    tensor_mode: str = "none"
-    seq_mode: str = "none"
-    zero: int = 0
-    pipeline: str | None = None
-    microbatches: int | None = None
-    virtual_stages: int = 1
-    collective_matmul: bool = False
+    tensor_mode: str = flag(
+        "none",
+        "one of {choices}",
+        choices=lambda: choices.TENSOR_MODES,
+        default_from="mesh",
+        example="1d",
+    )
+    seq_mode: str = flag(
+        "none",
+        "one of {choices}",
+        choices=lambda: choices.SEQ_MODES,
+        default_from="mesh",
+        example="ring",
+    )
+    zero: int = flag(
+        0,
+        "ZeRO stage over data: 0 off, 1 optimizer state, 2 + gradients, 3 + parameters "
+        "(gathered per layer)",
+        default_from="mesh",
+        example="1",
+    )
+    pipeline: str | None = flag(
+        None,
+        "schedule on the pipe axis: one of {choices} (1f1b when pipe>1)",
+        choices=lambda: choices.PIPELINES,
+    )
+    microbatches: int | None = flag(
+        None,
+        "microbatches per step through the pipeline (a microbatch is batch/M); default 2·pipe",
+    )
+    virtual_stages: int = flag(1, "model chunks per pipeline stage (interleaved 1F1B), e.g. 2")
+    collective_matmul: bool = flag(
+        False,
+        "run the tensor linears' all-gathers and reduce-scatters (1d: all-reduces) as "
+        "ppermute rings interleaved with partial matmuls (same values and bytes; "
+        "docs/performance.md); needs --tensor-mode 1d|2d|2.5d|3d",
+        example="on",
+    )
 
     def __post_init__(self):
         if self.pipeline is None:
@@ -129,15 +162,21 @@ class OptimConfig:
       lars_trust: LARS trust coefficient η.
     """
 
-    name: str = "adamw"
-    lr: float = 3e-3
-    warmup_steps: int = 20
+    name: str = flag(
+        "adamw", "one of {choices}", name="--optimizer", choices=lambda: choices.OPTIMIZERS
+    )
+    lr: float = flag(3e-3, "peak learning rate", default_from="family")
+    warmup_steps: int = flag(
+        20,
+        "steps of linear warm-up from 0 to --lr; then cosine decay to the end",
+        default_from="family",
+    )
     min_lr_ratio: float = 0.1
-    weight_decay: float = 0.01
+    weight_decay: float = flag(0.01, "decoupled weight decay of matrices (0: off)")
     b1: float = 0.9
     b2: float = 0.95
     eps: float = 1e-8
-    clip_norm: float = 1.0
+    clip_norm: float = flag(1.0, "global-norm clipping (0: off)")
     lars_trust: float = 0.001
 
     def validate(self) -> None:
@@ -206,33 +245,93 @@ class TrainConfig:
         must be of ``model``'s family; a checkpoint to resume from wins over it.
     """
 
-    model: str = "gpt2-tiny"
+    model: str = flag("gpt2-tiny", "model name (see --list-models)")
     model_overrides: dict[str, Any] = field(default_factory=dict)
-    steps: int = 200
-    batch_size: int = 16
-    seq_len: int = 128
-    precision: str = "fp32"
-    remat: str = "dots"
-    grad_accum: int = 1
-    device_batch: int | None = None
-    offload: str = "none"
-    seed: int = 0
-    data: str = "stdlib"
-    checkpoint_dir: str | None = None
-    checkpoint_every: int = 50
-    keep_checkpoints: int = 3
-    metrics_file: str | None = None
-    tensorboard_dir: str | None = None
+    steps: int = flag(200, "total steps of the run", default_from="family")
+    batch_size: int = flag(16, "global batch in sequences (images)", default_from="family")
+    seq_len: int = flag(128, "tokens per sequence (ViT: per image)", default_from="family")
+    precision: str = flag(
+        "fp32",
+        "one of {choices} (bf16/fp16 compute, fp32 master weights; fp16 with dynamic loss scaling)",
+        choices=lambda: choices.PRECISIONS,
+    )
+    remat: str = flag(
+        "dots",
+        "activation checkpointing per layer: one of {choices}",
+        choices=lambda: choices.REMATS,
+    )
+    grad_accum: int = flag(
+        1, "split each batch into N microbatches and accumulate their gradients (same update)"
+    )
+    device_batch: int | None = flag(
+        None,
+        "sequences per batch shard per microbatch: accumulate batch/(shards·N) microbatches, "
+        "so --batch-size stays the global batch on any mesh (e.g. when resuming elsewhere)",
+    )
+    offload: str = flag(
+        "none",
+        "one of {choices}: keep optimizer state (params: and ZeRO-3 parameters) in host "
+        "memory between steps",
+        choices=lambda: choices.OFFLOADS,
+    )
+    seed: int = flag(0, "seeds parameter init and the data order")
+    data: str = flag(
+        "stdlib",
+        "text: stdlib (embedded), synthetic, a text file or a .npy file; images: digits, shapes",
+        default_from="family",
+    )
+    checkpoint_dir: str | None = flag(
+        None, "save here; re-run the same command to resume", example="/tmp/ckpt"
+    )
+    checkpoint_every: int = flag(50, "save a checkpoint every N steps (and at the end)")
+    keep_checkpoints: int = flag(
+        3, "keep the K latest checkpoints (a damaged latest one is skipped for the one before)"
+    )
+    metrics_file: str | None = flag(
+        None, "JSON lines, one record per step", example="/tmp/metrics.jsonl"
+    )
+    tensorboard_dir: str | None = flag(
+        None, "write TensorBoard event files here", example="/tmp/tb"
+    )
     log_every: int = 1
     devices: int | None = None
-    attention: str = "auto"
-    eval_every: int = 50
+    attention: str = flag(
+        "auto",
+        "block attention kernel: auto (cuDNN flash attention on a GPU in bf16), xla, cudnn",
+    )
+    eval_every: int = flag(
+        50,
+        "held-out loss (ViT: and accuracy) before step 1, every N steps and at the end; 0: off",
+        default_from="family",
+    )
     eval_batches: int = 4
-    peak_tflops: float | None = None
-    xla_preset: str | None = None
-    profile_dir: str | None = None
-    profile_steps: str | None = None
-    init_from_hf: str | None = None
+    peak_tflops: float | None = flag(
+        None,
+        "peak dense bf16 TFLOP/s per device, for MFU on a device the built-in table lacks",
+        example="989",
+    )
+    xla_preset: str | None = flag(
+        None,
+        "apply a named set of XLA flags before JAX starts (printed when applied): gpu-perf "
+        "(latency-hiding scheduler, pipelined and combined collectives; "
+        "colossal_jax/xla_presets.py)",
+        example="gpu-perf",
+    )
+    profile_dir: str | None = flag(
+        None, "write a jax.profiler trace of --profile-steps here", example="/tmp/profile"
+    )
+    profile_steps: str | None = flag(
+        None,
+        "the steps A:B (1-based, inclusive) traced into --profile-dir; default 3:5",
+        example="3:5",
+    )
+    init_from_hf: str | None = flag(
+        None,
+        "initialise the parameters from a Hugging Face save_pretrained directory (GPT-2); "
+        "its config.json sets the architecture (docs/huggingface.md)",
+        example="/path/to/gpt2_save_pretrained_dir",
+        metavar="DIR",
+    )
     host_overlap: str = "auto"
     optim: OptimConfig = field(default_factory=OptimConfig)
     parallel: ParallelConfig = field(default_factory=ParallelConfig)

@@ -1,0 +1,155 @@
+"""Parsed flags → the run's :class:`TrainConfig` (:func:`config_from_args`), and the mesh flags
+→ :class:`ParallelConfig` (:func:`parallel_config`, which ``scripts/generate.py`` reads its mesh
+with too).
+
+A flag sets the field it was generated from (:func:`colossal_jax.config.flags.values_of`); a
+flag whose default comes from the model family and was not given takes the family's value
+(``colossal_jax_models.registry.train_defaults``), the family's other defaults apply, and then
+``--set`` overrides any field. The result passes every rule that needs no devices' memory.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from colossal_jax.checks import preflight
+from colossal_jax.checks.validate import check_config
+from colossal_jax.config import (
+    ConfigError,
+    OptimConfig,
+    ParallelConfig,
+    TrainConfig,
+    coerce,
+    field_types,
+    parse_mesh,
+    suggest,
+)
+from colossal_jax.config.families import MODELS, family_of, train_defaults
+from colossal_jax.config.flags import flags_of, values_of
+
+PRESET_MODES = ("tensor_mode", "seq_mode", "zero")
+"""The modes a ``--mesh`` preset may set (:func:`colossal_jax.config.parse_mesh`)."""
+
+PROFILE_STEPS = "3:5"
+"""The steps traced with ``--profile-dir`` and no ``--profile-steps``."""
+
+FAMILY_FLAGS = {
+    prefix + f.field: f.dest
+    for cls, prefix in ((TrainConfig, ""), (OptimConfig, "optim."))
+    for f in flags_of(cls)
+    if f.flag.default_from == "family"
+}
+"""TrainConfig field (``optim.<field>``) -> the flag's dest, for the flags whose default comes
+from the model's family (``colossal_jax_models.registry.train_defaults``) when the command line
+does not give them; the library-wide default otherwise."""
+
+
+def parallel_config(
+    mesh: str | None, n_devices: int | None, tensor_depth: int | None = None, **given: Any
+) -> ParallelConfig:
+    """The mesh of ``--mesh`` (axis sizes, ``tensor=N`` factored by the tensor mode, a preset or
+    a TOML file; :func:`colossal_jax.config.parse_mesh`) on ``n_devices``, with the
+    :class:`ParallelConfig` fields ``given`` as flags (None: not given). A flag wins over a
+    preset's mode; a ``seq`` axis without a mode runs ``ring``. Not validated."""
+    sizes = parse_mesh(
+        mesh,
+        n_devices,
+        tensor_mode=given.get("tensor_mode") or "none",
+        tensor_depth=tensor_depth,
+    )
+    modes = {k: sizes.pop(k) for k in PRESET_MODES if k in sizes}
+    modes.update({k: v for k, v in given.items() if v is not None})
+    if "seq_mode" not in modes and sizes.get("seq", 1) > 1:
+        modes["seq_mode"] = "ring"
+    return ParallelConfig(**sizes, **modes)
+
+
+def config_from_args(args, n_devices: int) -> TrainConfig:
+    """The run of the parsed ``scripts/train.py`` flags on ``n_devices`` devices, checked by
+    :func:`colossal_jax.checks.validate.check_config`."""
+    given = {f.field: getattr(args, f.dest) for f in flags_of(ParallelConfig)}
+    parallel = parallel_config(args.mesh, n_devices, args.tensor_depth, **given)
+    _check_model_name(args.model)
+    family = train_defaults(args.model)
+    fields = values_of(TrainConfig, args, family)
+    fields["profile_steps"] = args.profile_steps or (PROFILE_STEPS if args.profile_dir else None)
+    optim = OptimConfig(**values_of(OptimConfig, args, family, prefix="optim."))
+    cfg = TrainConfig(**fields, optim=optim, parallel=parallel)
+    cfg = dataclasses.replace(cfg, **_other_family_defaults(family))
+    cfg = _apply_sets(cfg, args.set)
+    _check_model_name(cfg.model)
+    check_config(cfg, n_devices=n_devices)
+    return cfg
+
+
+def _other_family_defaults(family: dict[str, Any]) -> dict[str, Any]:
+    """The family's training defaults that no flag carries (e.g. ``eval_batches``)."""
+    return {k: v for k, v in family.items() if k not in FAMILY_FLAGS and not k.startswith("optim.")}
+
+
+def _apply_sets(cfg: TrainConfig, sets: list[str]) -> TrainConfig:
+    """``--set KEY=VALUE`` items in order: ``model.<field>`` into ``model_overrides``,
+    ``optim.<field>``, ``parallel.<field>``, or a plain TrainConfig field (``train.<field>``
+    too)."""
+    groups = {"optim": OptimConfig, "parallel": ParallelConfig}
+    model_over = dict(cfg.model_overrides)
+    for item in sets:
+        if "=" not in item:
+            raise ConfigError(f"--set {item!r} is not KEY=VALUE (e.g. --set model.n_layer=2)")
+        key, value = (s.strip() for s in item.split("=", 1))
+        head, _, rest = key.partition(".")
+        if head == "model" and rest:
+            _check_model_name(cfg.model)
+            model_types = field_types(family_of(cfg.model).config_class)
+            if rest not in model_types:
+                raise ConfigError(
+                    f"--set {key}: model has no field {rest!r}; "
+                    f"{suggest(rest, model_types, suffix=' ')}fields: {', '.join(model_types)}"
+                )
+            example = getattr(MODELS[cfg.model], rest)
+            model_over[rest] = _coerce(key, value, model_types[rest], example)
+        elif head in groups and rest:
+            types_ = field_types(groups[head])
+            if rest not in types_:
+                raise ConfigError(
+                    f"--set {key}: {head} has no field {rest!r}; "
+                    f"{suggest(rest, types_, suffix=' ')}fields: {', '.join(types_)}"
+                )
+            sub = dataclasses.replace(
+                getattr(cfg, head),
+                **{rest: _coerce(key, value, types_[rest], getattr(getattr(cfg, head), rest))},
+            )
+            cfg = dataclasses.replace(cfg, **{head: sub})
+        else:
+            name = rest if head == "train" and rest else key
+            types_ = field_types(TrainConfig)
+            plain = [t for t in types_ if t not in ("optim", "parallel", "model_overrides")]
+            if name not in plain:
+                near = suggest(key, plain, suffix=" ")
+                raise ConfigError(
+                    f"--set {key}: unknown field; {near}use model.*, "
+                    f"optim.*, parallel.* or one of {', '.join(plain)}"
+                )
+            example = getattr(cfg, name)
+            cfg = dataclasses.replace(cfg, **{name: _coerce(key, value, types_[name], example)})
+            preflight.check_field(name, getattr(cfg, name))
+    return dataclasses.replace(cfg, model_overrides=model_over)
+
+
+def _coerce(key: str, value: str, annotation, example) -> object:
+    """``coerce`` whose error names the ``--set`` item and a valid one (``--set model.n_layer=abc:
+    'abc' is not a valid int; e.g. --set model.n_layer=12``)."""
+    try:
+        return coerce(value, annotation)
+    except ConfigError as e:
+        hint = f"; e.g. --set {key}={example}" if example is not None else ""
+        raise ConfigError(f"--set {key}={value}: {e}{hint}") from None
+
+
+def _check_model_name(name: str) -> None:
+    if name not in MODELS:
+        raise ConfigError(
+            f"--model {name!r} is unknown; {suggest(name, MODELS, suffix=' ')}"
+            f"choose one of {', '.join(MODELS)}"
+        )

@@ -1,0 +1,122 @@
+"""What ``scripts/train.py`` does around JAX's start: the host devices to simulate and the XLA
+flags (``--devices``, ``--xla-preset``: both must be in ``XLA_FLAGS`` before JAX is imported), the
+device count where it is known without JAX and every device-free rule checked against it, and the
+multi-process runtime with its peer watchdog (``--coordinator``, or a detected cluster).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import re
+import sys
+
+from colossal_jax.checks.validate import resolve_model
+from colossal_jax.cli.configure import config_from_args
+from colossal_jax.config import AXES, ConfigError, TrainConfig, parse_mesh
+from colossal_jax.config.model_rules import check_with_model
+from colossal_jax.config.train_rules import check_xla_preset
+from colossal_jax.runtime import signals
+
+DEFAULT_CPU_DEVICES = 8
+"""Host devices a run simulates on a CPU without ``--devices``."""
+DEFAULT_PEER_TIMEOUT = 60.0
+"""Seconds a multi-process run waits on a silent peer before exiting (``--peer-timeout``)."""
+PEER_LOST_EXIT = 4
+"""Exit status of a process that lost contact with a peer (:mod:`colossal_jax.runtime.watchdog`)."""
+
+
+def _setup_devices(args) -> bool:
+    """Simulate ``--devices`` (default 8) host devices; False if XLA_FLAGS already set a count."""
+    n = args.devices if args.devices is not None else DEFAULT_CPU_DEVICES
+    if n < 1:
+        raise ConfigError(
+            f"--devices {n} must be at least 1 (e.g. --devices {DEFAULT_CPU_DEVICES})"
+        )
+    return simulate_host_devices(n)
+
+
+def simulate_host_devices(n: int) -> bool:
+    """Ask XLA for ``n`` host devices (``XLA_FLAGS``, before JAX starts); False, and nothing
+    changed, where ``XLA_FLAGS`` already sets a count."""
+    flags = os.environ.get("XLA_FLAGS", "")
+    if "xla_force_host_platform_device_count" in flags:
+        return False
+    os.environ["XLA_FLAGS"] = f"{flags} --xla_force_host_platform_device_count={n}".strip()
+    return True
+
+
+def apply_xla_preset(name: str | None) -> None:
+    """``--xla-preset``: its flags into ``XLA_FLAGS`` before JAX starts, printed (stderr)."""
+    if name is None:
+        return
+    from colossal_jax.config import xla_presets
+
+    check_xla_preset(name)
+    print(f"note: {xla_presets.apply(name)}", file=sys.stderr)
+
+
+def devices_before_jax(args, devices_set: bool) -> int | None:
+    """The device count the run will have, where it is known without JAX: the simulated host
+    devices under ``JAX_PLATFORMS=cpu``, ``--devices N`` when :func:`_setup_devices` set it, or
+    else the size of a ``--mesh`` that names every axis it uses (``data`` included); None
+    otherwise. The first two count one process's devices: with ``--num-processes P`` (every
+    process launched alike) the run has P times as many."""
+    forced = re.search(
+        r"xla_force_host_platform_device_count=(\d+)", os.environ.get("XLA_FLAGS", "")
+    )
+    processes = args.num_processes or 1
+    if os.environ.get("JAX_PLATFORMS") == "cpu" and forced:
+        return int(forced.group(1)) * processes
+    if args.devices is not None and devices_set:
+        return args.devices * processes
+    if args.mesh is None or not args.mesh.strip():
+        return None
+    sizes = parse_mesh(
+        args.mesh, None, tensor_mode=args.tensor_mode or "none", tensor_depth=args.tensor_depth
+    )
+    return math.prod(sizes.get(a, 1) for a in AXES) if "data" in sizes else None
+
+
+def check_before_jax(args, n_devices: int) -> TrainConfig:
+    """Every rule of :mod:`colossal_jax.config` for the run (the model sized for ``--data``),
+    except the memory floor, which needs the devices' memory."""
+    from colossal_jax.config.families import task_of
+    from colossal_jax.data.tasks import data_vocab
+
+    cfg = config_from_args(args, n_devices)
+    model = resolve_model(cfg, data_vocab(task_of(cfg.model), cfg.data))
+    check_with_model(cfg, model)
+    return cfg
+
+
+def init_distributed(args, cluster: str | None) -> None:
+    """``jax.distributed.initialize`` with the explicit flags, or with none where ``cluster``
+    (:func:`preflight.detect_cluster`) says JAX's auto-detection fills them in; then the peer
+    watchdog (:mod:`colossal_jax.runtime.watchdog`) with ``--peer-timeout``."""
+    import jax
+
+    from colossal_jax.runtime import watchdog
+
+    # CPU collectives across processes; has no effect on GPU/TPU backends
+    jax.config.update("jax_cpu_collectives_implementation", "gloo")
+    # JAX's heartbeat is the backstop (it aborts the process with its own message, ~0.8 of its
+    # timeout after a peer's death): three times the watchdog's timeout, so that a peer lost
+    # during a step is reported by the watchdog's one line
+    timeout = max(1, math.ceil(3 * args.peer_timeout))
+    # JAX's preemption service takes SIGTERM over in C++ (for reached_preemption_sync_point),
+    # so Python's handler would never see it. The steps carry every process's stop flag instead
+    # (train.stop_flags): one mechanism for SIGINT and SIGTERM, agreed at the same step by all.
+    jax.config.update("jax_enable_preemption_service", False)
+    if cluster is not None:
+        print(f"cluster: {cluster}; jax.distributed.initialize() detects the rest", file=sys.stderr)
+        jax.distributed.initialize(heartbeat_timeout_seconds=timeout)
+    else:
+        jax.distributed.initialize(
+            coordinator_address=args.coordinator,
+            num_processes=args.num_processes,
+            process_id=args.process_id,
+            heartbeat_timeout_seconds=timeout,
+        )
+    signals.install()  # again, in case the runtime replaced a handler
+    watchdog.start(args.peer_timeout, exit_code=PEER_LOST_EXIT)
