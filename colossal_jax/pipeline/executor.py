@@ -133,23 +133,23 @@ class _StageProgram:
         y_sds, res_sds = jax.eval_shape(
             self.forward_with_residuals, self.chunk_params(0), self.x_sds, batch.positions[0]
         )
-        if (y_sds.shape, y_sds.dtype) != (self.x_sds.shape, self.x_sds.dtype) or varying_axes_of(
-            y_sds
-        ) != varying_axes_of(self.x_sds):
+        x_sds = self.x_sds
+        kept = (y_sds.shape, y_sds.dtype, varying_axes_of(y_sds))
+        if kept != (x_sds.shape, x_sds.dtype, varying_axes_of(x_sds)):
             raise ValueError(
-                f"a stack chunk maps {self.x_sds} to {y_sds}; it must keep the activation's "
+                f"a stack chunk maps {x_sds} to {y_sds}; it must keep the activation's "
                 "shape, dtype and the mesh axes it varies over"
             )
         slots = schedule.slots
         self.start = {
-            "act": _zeros((slots["activation"], *self.x_sds.shape), self.x_sds),
-            "grad": _zeros((max(1, slots["gradient"]), *self.x_sds.shape), self.x_sds),
+            "act": _zeros((slots["activation"], *x_sds.shape), x_sds),
+            "grad": _zeros((max(1, slots["gradient"]), *x_sds.shape), x_sds),
             "res": [_zeros((slots["residual"], *r.shape), r) for r in res_sds],
             "d_stack": jax.tree.map(lambda a: _zeros(a.shape, a), stack),
             "d_rest": jax.tree.map(lambda a: _zeros(a.shape, a), rest),
             "loss": varying(jnp.zeros((), jnp.float32), (PIPE,)),
         }
-        self.zeros_msg = _zeros(self.x_sds.shape, self.x_sds)
+        self.zeros_msg = _zeros(x_sds.shape, x_sds)
 
     # ---- the model's parts on this stage ------------------------------------------------------
     def chunk_params(self, v):
