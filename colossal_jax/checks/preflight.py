@@ -286,13 +286,10 @@ def check_resume(cfg, architecture=architecture, model=None) -> None:
     if found is None:
         return
     step, meta = found
-    try:
-        saved = meta["config"]
-        optim = saved["optim"]
-        old_data = saved.get("data")
-        before = _saved_architecture(meta, architecture)
-    except (ValueError, KeyError, TypeError, AttributeError):
+    saved_run = _saved_run(meta, architecture)
+    if saved_run is None:
         return  # not ours to judge; the restore reports it
+    saved, optim, before = saved_run
     if model is not None:
         import dataclasses
 
@@ -306,51 +303,66 @@ def check_resume(cfg, architecture=architecture, model=None) -> None:
         except (ValueError, TypeError, KeyError):
             return  # a bad model override or data file; building the model reports it
     where = f"--checkpoint-dir {cfg.checkpoint_dir} holds step {step} of a run with"
-    other = "or another --checkpoint-dir"
+    _check_same_model(cfg, saved, before, now, where)
+    if saved.get("seed", cfg.seed) != cfg.seed:
+        raise ConfigError(
+            f"{where} --seed {saved['seed']}, not {cfg.seed} (the data order would change); use "
+            f"--seed {saved['seed']} to resume it, {_OTHER_DIR}"
+        )
+    _check_same_optimizer_state(cfg, optim, saved.get("precision"), where)
+
+
+_OTHER_DIR = "or another --checkpoint-dir"
+"""How every refusal to resume ends: the alternative of a fresh run."""
+
+
+def _saved_run(meta: dict, architecture) -> tuple[dict, dict, dict] | None:
+    """``(the saved run's config, its optimizer config, its model config as a dict)`` from a
+    checkpoint's metadata, or None when the metadata is not a run's."""
+    try:
+        saved = meta["config"]
+        optim = saved["optim"]
+        old_data = saved.get("data")
+        if isinstance(meta.get("architecture"), dict):
+            return saved, optim, meta["architecture"]
+        # written before the resolved model was saved: size it for the saved data
+        try:
+            sized = _sized_for_data(saved.get("model_overrides", {}), old_data, saved["model"])
+        except ConfigError:  # the saved data file is gone or changed
+            sized = saved.get("model_overrides", {})
+        return saved, optim, architecture(saved["model"], sized)
+    except (ValueError, KeyError, TypeError, AttributeError):
+        return None
+
+
+def _check_same_model(cfg, saved: dict, before: dict, now: dict, where: str) -> None:
+    """The model to resume is the saved one: its name, every field (``--set model.*``) and the
+    vocabulary of ``--data``."""
     if saved["model"] != cfg.model:
         raise ConfigError(
             f"{where} --model {saved['model']}, not {cfg.model}; use --model "
-            f"{saved['model']} to resume it, {other}"
+            f"{saved['model']} to resume it, {_OTHER_DIR}"
         )
     changed = [k for k in now if k in before and now[k] != before[k]]
     if "vocab_size" in changed and "vocab_size" not in cfg.model_overrides:
-        old, new = before["vocab_size"], now["vocab_size"]
+        old, new, old_data = before["vocab_size"], now["vocab_size"], saved.get("data")
         raise ConfigError(
             f"{where} a vocabulary of {old} tokens (--data {old_data}), not {new} (--data "
-            f"{cfg.data}); use --data {old_data} to resume it, {other}"
+            f"{cfg.data}); use --data {old_data} to resume it, {_OTHER_DIR}"
         )
     if changed:
         was = " ".join(f"model.{k}={before.get(k)}" for k in changed)
         given = ", ".join(f"model.{k}={now[k]}" for k in changed)
         raise ConfigError(
             f"{where} {was}, not {given}; use --set {was.replace(' ', ' --set ')} "
-            f"to resume it, {other}"
+            f"to resume it, {_OTHER_DIR}"
         )
-    if saved.get("seed", cfg.seed) != cfg.seed:
-        raise ConfigError(
-            f"{where} --seed {saved['seed']}, not {cfg.seed} (the data order would change); use "
-            f"--seed {saved['seed']} to resume it, {other}"
-        )
-    _check_state_structure(cfg, optim, saved.get("precision"), where, other)
 
 
-def _saved_architecture(meta: dict, architecture) -> dict:
-    """The model config a checkpoint's metadata records, as a dict; one written before the
-    resolved model was saved is sized for the data it names."""
-    if isinstance(meta.get("architecture"), dict):
-        return meta["architecture"]
-    saved = meta["config"]
-    try:
-        sized = _sized_for_data(saved.get("model_overrides", {}), saved.get("data"), saved["model"])
-    except ConfigError:  # the saved data file is gone or changed
-        sized = saved.get("model_overrides", {})
-    return architecture(saved["model"], sized)
-
-
-def _check_state_structure(cfg, optim: dict, precision: str | None, where: str, other: str) -> None:
-    """The optimizer state of a saved run (its ``optim`` config and ``precision``) has the
-    structure ``cfg``'s needs: the same optimizer, clipping on or off, SGD momentum on or off,
-    fp16 loss scaling or not."""
+def _check_same_optimizer_state(cfg, optim: dict, precision: str | None, where: str) -> None:
+    """The optimizer state to resume has the saved structure: the optimizer's name, clipping on
+    or off, SGD momentum on or off, fp16 loss scaling or not (``optim``, ``precision``: the
+    saved run's)."""
     name = optim.get("name")
     momentum = name in ("sgd",)  # optax.sgd keeps a momentum trace only when b1 > 0
     for flag, old, new, same in (
@@ -379,7 +391,7 @@ def _check_state_structure(cfg, optim: dict, precision: str | None, where: str, 
             what = "its loss scale" if flag == "--precision" else "its optimizer state"
             raise ConfigError(
                 f"{where} {flag}{sep}{old}, not {new} ({what} would not fit); use "
-                f"{flag}{sep}{old} to resume it, {other}"
+                f"{flag}{sep}{old} to resume it, {_OTHER_DIR}"
             )
 
 

@@ -3,6 +3,7 @@
 The presets ship as package data of ``colossal_jax_meshes`` (the repository's ``meshes/``) and are
 read with :mod:`importlib.resources`, so they are found wherever the package is installed.
 """
+
 from __future__ import annotations
 
 import difflib
@@ -66,45 +67,7 @@ def parse_mesh(
         raise ConfigError(_depth_alone(tensor_depth, spec, tensor_mode))
     if spec is None:
         return {"data": n_devices} if n_devices is not None else {}
-    sizes: dict[str, int] = {}
-    tensor_total: int | None = None
-    for part in spec.split(","):
-        part = part.strip()
-        if not part:
-            continue
-        if "=" not in part:
-            raise ConfigError(
-                f"--mesh entry {part!r} is not axis=size (e.g. data=2,tensor_row=4), nor a preset "
-                f"in {MESH_PACKAGE} ({', '.join(list_presets()) or 'none'})"
-            )
-        name, value = (s.strip() for s in part.split("=", 1))
-        name = name.replace("-", "_")
-        try:
-            n = int(value)
-        except ValueError:
-            raise ConfigError(f"--mesh {name}={value!r}: the size must be an integer") from None
-        if n < 1:
-            raise ConfigError(f"--mesh {name}={n}: sizes must be at least 1")
-        if name == "tensor":
-            if tensor_total is not None:
-                raise ConfigError(
-                    f"--mesh names tensor twice (tensor={tensor_total} and tensor={n}); give it "
-                    f"once, e.g. tensor={tensor_total}"
-                )
-            tensor_total = n
-            continue
-        if name not in AXES:
-            close = difflib.get_close_matches(name, AXES + ("tensor",), n=1)
-            hint = f"did you mean {close[0]!r}? " if close else ""
-            raise ConfigError(
-                f"--mesh axis {name!r} is unknown; {hint}valid axes: {', '.join(AXES)} (or tensor)"
-            )
-        if name in sizes:
-            raise ConfigError(
-                f"--mesh names axis {name!r} twice ({name}={sizes[name]} and {name}={n}); give "
-                f"each axis once, e.g. {name}={sizes[name]}"
-            )
-        sizes[name] = n
+    sizes, tensor_total = _axis_sizes(spec)
     if tensor_depth is not None and tensor_total is None:
         raise ConfigError(_depth_alone(tensor_depth, spec, tensor_mode))
     if tensor_total is not None:
@@ -113,14 +76,70 @@ def parse_mesh(
             raise ConfigError(f"--mesh gives both tensor= and {given[0]}=; use one or the other")
         sizes.update(factor_tensor(tensor_total, tensor_mode, tensor_depth))
     if "data" not in sizes and n_devices is not None:
-        rest = math.prod(sizes.values())
-        if n_devices % rest:
-            raise ConfigError(
-                f"--mesh {spec} uses {rest} devices per data replica, which does not divide the "
-                f"{n_devices} devices; choose sizes whose product divides {n_devices}"
-            )
-        sizes["data"] = n_devices // rest
+        sizes["data"] = _data_size(spec, sizes, n_devices)
     return sizes
+
+
+def _axis_sizes(spec: str) -> tuple[dict[str, int], int | None]:
+    """``(sizes of the named axes, the tensor=N shorthand or None)`` of ``axis=size`` pairs."""
+    sizes: dict[str, int] = {}
+    tensor_total: int | None = None
+    for part in spec.split(","):
+        part = part.strip()
+        if not part:
+            continue
+        name, n = _axis_size(part)
+        if name == "tensor":
+            if tensor_total is not None:
+                raise ConfigError(
+                    f"--mesh names tensor twice (tensor={tensor_total} and tensor={n}); give it "
+                    f"once, e.g. tensor={tensor_total}"
+                )
+            tensor_total = n
+            continue
+        if name in sizes:
+            raise ConfigError(
+                f"--mesh names axis {name!r} twice ({name}={sizes[name]} and {name}={n}); give "
+                f"each axis once, e.g. {name}={sizes[name]}"
+            )
+        sizes[name] = n
+    return sizes, tensor_total
+
+
+def _axis_size(part: str) -> tuple[str, int]:
+    """One ``axis=size`` entry: a known axis (or ``tensor``, hyphens read as underscores) and a
+    size of at least 1."""
+    if "=" not in part:
+        raise ConfigError(
+            f"--mesh entry {part!r} is not axis=size (e.g. data=2,tensor_row=4), nor a preset "
+            f"in {MESH_PACKAGE} ({', '.join(list_presets()) or 'none'})"
+        )
+    name, value = (s.strip() for s in part.split("=", 1))
+    name = name.replace("-", "_")
+    try:
+        n = int(value)
+    except ValueError:
+        raise ConfigError(f"--mesh {name}={value!r}: the size must be an integer") from None
+    if n < 1:
+        raise ConfigError(f"--mesh {name}={n}: sizes must be at least 1")
+    if name != "tensor" and name not in AXES:
+        close = difflib.get_close_matches(name, AXES + ("tensor",), n=1)
+        hint = f"did you mean {close[0]!r}? " if close else ""
+        raise ConfigError(
+            f"--mesh axis {name!r} is unknown; {hint}valid axes: {', '.join(AXES)} (or tensor)"
+        )
+    return name, n
+
+
+def _data_size(spec: str, sizes: dict[str, int], n_devices: int) -> int:
+    """The ``data`` axis an unnamed data axis takes: the devices the named axes leave."""
+    rest = math.prod(sizes.values())
+    if n_devices % rest:
+        raise ConfigError(
+            f"--mesh {spec} uses {rest} devices per data replica, which does not divide the "
+            f"{n_devices} devices; choose sizes whose product divides {n_devices}"
+        )
+    return n_devices // rest
 
 
 def _depth_alone(depth: int, spec: str | None, mode: str) -> str:

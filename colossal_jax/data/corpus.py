@@ -16,6 +16,7 @@ from pathlib import Path
 import numpy as np
 
 from colossal_jax.config import ConfigError
+from colossal_jax.data.batch import CorpusBatches, sequence_batch
 
 BYTE_VOCAB = 256
 DEFAULT_CORPUS_BYTES = 4 * 2**20
@@ -165,7 +166,7 @@ def _npy_tokens(spec: str, path: Path) -> np.ndarray:
 
 
 @dataclass(frozen=True)
-class Batches:
+class Batches(CorpusBatches):
     """Deterministic, resumable batches of next-token prediction.
 
     ``batch(step)`` returns numpy arrays ``[batch_size, seq_len]``: ``tokens``, ``targets``
@@ -173,13 +174,6 @@ class Batches:
     ``layout_order`` (a permutation of ``range(seq_len)``, e.g. the zigzag order of ring
     attention) all four are laid out in that order along the sequence.
     """
-
-    corpus: Corpus
-    batch_size: int
-    seq_len: int
-    seed: int
-    vocab_size: int
-    layout_order: np.ndarray | None = None
 
     def __post_init__(self):
         toks = self.corpus.tokens
@@ -198,24 +192,8 @@ class Batches:
             )
 
     @property
-    def name(self) -> str:
-        return self.corpus.name
-
-    def evaluation_batches(self, requested: int) -> int:
-        """Held-out batches an evaluation averages: as many as asked (``eval_batches``)."""
-        return requested
-
-    def epochs(self, steps: int) -> str | None:
-        """A note when ``steps`` read more tokens than the corpus holds, else None."""
-        toks = self.corpus.tokens
-        read = steps * self.batch_size * self.seq_len
-        if toks is None or read <= len(toks):
-            return None
-        return (
-            f"the run reads {read:,} training tokens but the training split of "
-            f"{self.corpus.name} holds {len(toks):,}: about {read / len(toks):.1f} epochs "
-            "(sequences repeat)"
-        )
+    def corpus_tokens_per_sequence(self) -> int:
+        return self.seq_len
 
     def batch(self, step: int) -> dict[str, np.ndarray]:
         rng = np.random.default_rng([self.seed, step])
@@ -226,15 +204,12 @@ class Batches:
             starts = rng.integers(0, len(self.corpus.tokens) - s - 1, size=b)
             idx = starts[:, None] + np.arange(s + 1)[None, :]
             seqs = self.corpus.tokens[idx]
-        out = {
-            "tokens": seqs[:, :-1].astype(np.int32),
-            "targets": seqs[:, 1:].astype(np.int32),
-            "positions": np.broadcast_to(np.arange(s, dtype=np.int32), (b, s)).copy(),
-            "weights": np.ones((b, s), np.float32),
-        }
-        if self.layout_order is not None:
-            out = {k: np.ascontiguousarray(v[:, self.layout_order]) for k, v in out.items()}
-        return out
+        return sequence_batch(
+            seqs[:, :-1].astype(np.int32),
+            seqs[:, 1:].astype(np.int32),
+            np.ones((b, s), np.float32),
+            self.layout_order,
+        )
 
 
 EVAL_FRACTION = 0.05

@@ -28,6 +28,8 @@ from typing import Protocol
 
 import numpy as np
 
+from colossal_jax.data.batch import sequence_batch
+
 HELD_OUT_FRACTION = 0.2
 SPLIT_SEED = 20240601
 """Seeds the held-out permutation and the generated images (never ``--seed``)."""
@@ -209,15 +211,8 @@ class ImageBatches:
         tokens[:, 1:] = patches
         weights = np.zeros((b, s), np.float32)
         weights[:, 0] = valid
-        out = {
-            "tokens": tokens,
-            "targets": np.broadcast_to(labels[:, None], (b, s)).astype(np.int32),
-            "positions": np.broadcast_to(np.arange(s, dtype=np.int32), (b, s)).copy(),
-            "weights": weights,
-        }
-        if self.layout_order is not None:
-            out = {k: np.ascontiguousarray(v[:, self.layout_order]) for k, v in out.items()}
-        return out
+        targets = np.broadcast_to(labels[:, None], (b, s)).astype(np.int32)
+        return sequence_batch(tokens, targets, weights, self.layout_order)
 
     def evaluation_batches(self, requested: int) -> int:
         """Held-out batches an evaluation takes: enough to score every held-out image once

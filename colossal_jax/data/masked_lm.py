@@ -24,7 +24,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from colossal_jax.config import ConfigError
-from colossal_jax.data.corpus import Corpus
+from colossal_jax.data.batch import CorpusBatches, sequence_batch
 
 SPECIALS = ("[CLS]", "[SEP]", "[MASK]", "[PAD]")
 VOCAB_MULTIPLE = 64
@@ -56,7 +56,7 @@ class SpecialTokens:
 
 
 @dataclass(frozen=True)
-class MaskedBatches:
+class MaskedBatches(CorpusBatches):
     """Deterministic, resumable masked-LM batches.
 
     ``batch(step)`` returns numpy arrays ``[batch_size, seq_len]``: ``tokens`` (the masked
@@ -69,13 +69,6 @@ class MaskedBatches:
       vocab_size: the model's vocabulary (special tokens are its last four ids).
     """
 
-    corpus: Corpus
-    batch_size: int
-    seq_len: int
-    seed: int
-    vocab_size: int
-    layout_order: np.ndarray | None = None
-
     def __post_init__(self):
         n = self.n_regular
         if n + len(SPECIALS) > self.vocab_size:
@@ -86,7 +79,7 @@ class MaskedBatches:
                 f"model.vocab_size={need}"
             )
         toks = self.corpus.tokens
-        text = self.seq_len - 3
+        text = self.corpus_tokens_per_sequence
         if toks is not None and len(toks) < text + 1:
             raise ConfigError(
                 f"the corpus {self.corpus.name} has {len(toks)} tokens, fewer than the "
@@ -95,8 +88,9 @@ class MaskedBatches:
             )
 
     @property
-    def name(self) -> str:
-        return self.corpus.name
+    def corpus_tokens_per_sequence(self) -> int:
+        """The text tokens of a sequence: all but ``[CLS] A [SEP] B [SEP]``'s three specials."""
+        return self.seq_len - 3
 
     @property
     def n_regular(self) -> int:
@@ -112,7 +106,7 @@ class MaskedBatches:
     def batch(self, step: int) -> dict[str, np.ndarray]:
         rng = np.random.default_rng([self.seed, step])
         b, s = self.batch_size, self.seq_len
-        text = s - 3  # [CLS] A [SEP] B [SEP]
+        text = self.corpus_tokens_per_sequence
         if self.corpus.tokens is None:
             window = rng.integers(0, self.n_regular, size=(b, text), dtype=np.int64)
         else:
@@ -143,28 +137,6 @@ class MaskedBatches:
         picked = inputs[rows, chosen]
         picked = np.where(as_mask, sp.mask, np.where(as_random, random_ids, picked))
         inputs[rows, chosen] = picked
-        out = {
-            "tokens": inputs.astype(np.int32),
-            "targets": seqs.astype(np.int32),
-            "positions": np.broadcast_to(np.arange(s, dtype=np.int32), (b, s)).copy(),
-            "weights": weights,
-        }
-        if self.layout_order is not None:
-            out = {k: np.ascontiguousarray(v[:, self.layout_order]) for k, v in out.items()}
-        return out
-
-    def evaluation_batches(self, requested: int) -> int:
-        """Held-out batches an evaluation averages: as many as asked (``eval_batches``)."""
-        return requested
-
-    def epochs(self, steps: int) -> str | None:
-        """A note when ``steps`` read more text than the corpus holds, else None."""
-        toks = self.corpus.tokens
-        read = steps * self.batch_size * (self.seq_len - 3)
-        if toks is None or read <= len(toks):
-            return None
-        return (
-            f"the run reads {read:,} training tokens but the training split of "
-            f"{self.corpus.name} holds {len(toks):,}: about {read / len(toks):.1f} epochs "
-            "(sequences repeat)"
+        return sequence_batch(
+            inputs.astype(np.int32), seqs.astype(np.int32), weights, self.layout_order
         )

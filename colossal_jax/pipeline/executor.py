@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import jax
@@ -83,6 +84,189 @@ def _in_stage_branches(fn: Callable) -> Callable:
     return wrapped
 
 
+@dataclass(frozen=True)
+class _Microbatches:
+    """This device's batch block cut into microbatches of consecutive rows: ``[m, b/m, s]`` each,
+    marked varying over ``pipe`` (every stage holds its own copy)."""
+
+    tokens: jax.Array
+    positions: jax.Array
+    targets: jax.Array
+    weights: jax.Array
+
+    @classmethod
+    def split(cls, m: int, *arrays: jax.Array) -> _Microbatches:
+        def split_mb(a: jax.Array) -> jax.Array:
+            b = a.shape[0]
+            return varying(a.reshape(m, b // m, *a.shape[1:]), (PIPE,))
+
+        return cls(*map(split_mb, arrays))
+
+
+class _StageProgram:
+    """What one device runs at a tick: a branch per :data:`~colossal_jax.pipeline.schedule.
+    BRANCHES` entry on the carry (activation, gradient and residual slots, the gradients and the
+    loss so far), then the two ``ppermute`` rings over ``pipe`` (see the module docstring).
+
+    Constructing it traces the embedding and one chunk abstractly to size the slots, checks that
+    a chunk keeps the activation's type, and builds :attr:`start`, the carry before the first
+    tick."""
+
+    def __init__(
+        self,
+        schedule: Schedule,
+        parts: tuple[ChunkFn, EmbedFn, HeadFn],
+        stack: Any,
+        rest: Any,
+        batch: _Microbatches,
+        count: jax.Array,
+        seed: jax.Array,
+    ):
+        self.schedule = schedule
+        self.chunk_fn, self.embed_fn, self.head_fn = parts
+        self.stack, self.rest, self.batch = stack, rest, batch
+        self.count, self.seed = count, seed
+        n_local = jax.tree.leaves(stack)[0].shape[0]
+        self.per_chunk = n_local // schedule.virtual_stages
+        self._res_tree: list[Any] = []
+        self.x_sds = jax.eval_shape(lambda r: self.embed(r, 0), rest)
+        y_sds, res_sds = jax.eval_shape(
+            self.forward_with_residuals, self.chunk_params(0), self.x_sds, batch.positions[0]
+        )
+        x_sds = self.x_sds
+        kept = (y_sds.shape, y_sds.dtype, varying_axes_of(y_sds))
+        if kept != (x_sds.shape, x_sds.dtype, varying_axes_of(x_sds)):
+            raise ValueError(
+                f"a stack chunk maps {x_sds} to {y_sds}; it must keep the activation's "
+                "shape, dtype and the mesh axes it varies over"
+            )
+        slots = schedule.slots
+        self.start = {
+            "act": _zeros((slots["activation"], *x_sds.shape), x_sds),
+            "grad": _zeros((max(1, slots["gradient"]), *x_sds.shape), x_sds),
+            "res": [_zeros((slots["residual"], *r.shape), r) for r in res_sds],
+            "d_stack": jax.tree.map(lambda a: _zeros(a.shape, a), stack),
+            "d_rest": jax.tree.map(lambda a: _zeros(a.shape, a), rest),
+            "loss": varying(jnp.zeros((), jnp.float32), (PIPE,)),
+        }
+        self.zeros_msg = _zeros(x_sds.shape, x_sds)
+
+    # ---- the model's parts on this stage ------------------------------------------------------
+    def chunk_params(self, v):
+        """Local chunk ``v``'s rows of the stacked parameters."""
+        n = self.per_chunk
+        return jax.tree.map(lambda a: jax.lax.dynamic_slice_in_dim(a, v * n, n, 0), self.stack)
+
+    def add_chunk_grad(self, d_stack, v, d_params):
+        """``d_stack`` with ``d_params`` added to local chunk ``v``'s rows."""
+        n = self.per_chunk
+        return jax.tree.map(
+            lambda acc, g: jax.lax.dynamic_update_slice_in_dim(
+                acc, jax.lax.dynamic_slice_in_dim(acc, v * n, n, 0) + g, v * n, 0
+            ),
+            d_stack,
+            d_params,
+        )
+
+    def embed(self, r, mb):
+        return self.embed_fn(r, self.batch.tokens[mb], self.batch.positions[mb])
+
+    def forward_with_residuals(self, params, x, pos):
+        """The chunk's output and the leaves of its ``vjp`` (the backward's residuals)."""
+        y, pullback = jax.vjp(lambda prm, xx: self.chunk_fn(prm, xx, pos), params, x)
+        leaves, tree = jax.tree.flatten(pullback)
+        self._res_tree[:] = [tree]
+        return y, leaves
+
+    def as_act(self, x):
+        """``x`` typed as the activation (the embedding's and every chunk output's type)."""
+        return varying(x, tuple(sorted(varying_axes_of(self.x_sds))))
+
+    # ---- the branches ---------------------------------------------------------------------------
+    def forward(self, c, row, *, embed_input: bool = False, head: bool = False):
+        mb, v = row[COL["microbatch"]], row[COL["chunk"]]
+        if embed_input:
+            x = self.as_act(self.embed(self.rest, mb))
+        else:
+            x = _read(c["act"], row[COL["input_slot"]])
+        y, leaves = self.forward_with_residuals(self.chunk_params(v), x, self.batch.positions[mb])
+        y = self.as_act(y)
+        slot = row[COL["residual_slot"]]
+        c = dict(c, res=[_write(b, slot, leaf) for b, leaf in zip(c["res"], leaves, strict=True)])
+        if head:
+            c = self.head(c, row, mb, y)
+        return c, y, self.zeros_msg
+
+    def head(self, c, row, mb, y):
+        """The loss of microbatch ``mb`` from the last chunk's output ``y``, and its gradient now;
+        the gradient waits in its slot for this chunk's backward."""
+        (total, _), pullback = jax.vjp(
+            lambda r, yy: self.head_fn(r, yy, self.batch.targets[mb], self.batch.weights[mb]),
+            self.rest,
+            y,
+        )
+        d_r, dy = pullback(
+            (jnp.ones_like(total) * self.seed.astype(total.dtype), jnp.zeros_like(total))
+        )
+        return dict(
+            c,
+            d_rest=jax.tree.map(jnp.add, c["d_rest"], d_r),
+            grad=_write(c["grad"], row[COL["grad_slot"]], self.as_act(dy)),
+            loss=c["loss"] + total / self.count,
+        )
+
+    def backward(self, c, row, *, embed_grad: bool = False):
+        mb, v = row[COL["microbatch"]], row[COL["chunk"]]
+        slot = row[COL["residual_slot"]]
+        pullback = jax.tree.unflatten(self._res_tree[0], [_read(buf, slot) for buf in c["res"]])
+        d_params, dx = pullback(_read(c["grad"], row[COL["grad_slot"]]))
+        c = dict(c, d_stack=self.add_chunk_grad(c["d_stack"], v, d_params))
+        dx = self.as_act(dx)
+        if embed_grad:
+            _, pullback = jax.vjp(lambda r: self.as_act(self.embed(r, mb)), self.rest)
+            (d_r,) = pullback(dx)
+            c = dict(c, d_rest=jax.tree.map(jnp.add, c["d_rest"], d_r))
+        return c, self.zeros_msg, dx
+
+    def idle(self, c, row):
+        return c, self.zeros_msg, self.zeros_msg
+
+    def branches(self) -> list[Callable]:
+        """One function per :data:`~colossal_jax.pipeline.schedule.BRANCHES` entry, in order."""
+        by_name = {
+            "idle": self.idle,
+            "forward": self.forward,
+            "forward_embed": functools.partial(self.forward, embed_input=True),
+            "forward_head": functools.partial(self.forward, head=True),
+            "backward": self.backward,
+            "backward_embed": functools.partial(self.backward, embed_grad=True),
+        }
+        return [by_name[name] for name in BRANCHES]
+
+    def tick_fn(self, stage: jax.Array) -> Callable:
+        """``tick(carry, rows) -> (carry, None)`` for ``lax.scan`` over the tick table: this
+        stage's branch, the forward ring to ``s+1``, the backward ring to ``s−1``, and the
+        messages received filed into the slots the table names."""
+        p = self.schedule.stages
+        branch_fns = self.branches()
+        fwd_ring = [(i, (i + 1) % p) for i in range(p)]
+        bwd_ring = [(i, (i - 1) % p) for i in range(p)]
+
+        def tick(c, rows):
+            row = rows[stage]
+            c, send_f, send_b = jax.lax.switch(row[COL["branch"]], branch_fns, c, row)
+            recv_f = jax.lax.ppermute(send_f, PIPE, fwd_ring)
+            recv_b = jax.lax.ppermute(send_b, PIPE, bwd_ring)
+            c = dict(
+                c,
+                act=_write_if(c["act"], row[COL["arrive_fwd_slot"]], recv_f),
+                grad=_write_if(c["grad"], row[COL["arrive_bwd_slot"]], recv_b),
+            )
+            return c, None
+
+        return tick
+
+
 @_in_stage_branches
 def run_pipeline(
     schedule: Schedule,
@@ -116,141 +300,18 @@ def run_pipeline(
       the mean loss over the global batch (replicated), the stack gradient (this stage's
       block) and the ``rest`` gradient (summed over ``pipe``).
     """
-    p, v_chunks, m = schedule.stages, schedule.virtual_stages, schedule.microbatches
     stage = jax.lax.axis_index(PIPE)
-    n_local = jax.tree.leaves(stack)[0].shape[0]
-    per_chunk = n_local // v_chunks
-
-    def split_mb(a: jax.Array) -> jax.Array:
-        b = a.shape[0]
-        return varying(a.reshape(m, b // m, *a.shape[1:]), (PIPE,))
-
-    tokens, positions, targets, weights = map(split_mb, (tokens, positions, targets, weights))
+    batch = _Microbatches.split(schedule.microbatches, tokens, positions, targets, weights)
     # every stage's copy of `rest` is marked varying over pipe, so gradients taken on one stage
     # stay that stage's (they are summed over pipe once, at the end)
     rest = jax.tree.map(lambda a: varying(a, (PIPE,)), rest)
-    count = jax.lax.psum(jnp.sum(weights.astype(jnp.float32)), token_axes)
+    count = jax.lax.psum(jnp.sum(batch.weights.astype(jnp.float32)), token_axes)
     count = jnp.maximum(count, 1.0)
     seed = 1.0 / count if scale is None else scale / count
-
-    def chunk_params(v):
-        return jax.tree.map(
-            lambda a: jax.lax.dynamic_slice_in_dim(a, v * per_chunk, per_chunk, 0), stack
-        )
-
-    def embed(r, mb):
-        return embed_fn(r, tokens[mb], positions[mb])
-
-    # ---- abstract shapes: activation, residuals ------------------------------------------------
-    x_sds = jax.eval_shape(lambda r: embed(r, 0), rest)
-    res_tree: list[Any] = []
-
-    def forward_with_residuals(params, x, pos):
-        y, pullback = jax.vjp(lambda prm, xx: chunk_fn(prm, xx, pos), params, x)
-        leaves, tree = jax.tree.flatten(pullback)
-        res_tree[:] = [tree]
-        return y, leaves
-
-    y_sds, res_sds = jax.eval_shape(forward_with_residuals, chunk_params(0), x_sds, positions[0])
-    if (y_sds.shape, y_sds.dtype) != (x_sds.shape, x_sds.dtype) or varying_axes_of(
-        y_sds
-    ) != varying_axes_of(x_sds):
-        raise ValueError(
-            f"a stack chunk maps {x_sds} to {y_sds}; it must keep the activation's shape, dtype "
-            "and the mesh axes it varies over"
-        )
-
-    def as_act(x):
-        # the activation's type, checked equal for the embedding and the chunk outputs above
-        return varying(x, tuple(sorted(varying_axes_of(x_sds))))
-
-    carry = {
-        "act": _zeros((schedule.slots["activation"], *x_sds.shape), x_sds),
-        "grad": _zeros((max(1, schedule.slots["gradient"]), *x_sds.shape), x_sds),
-        "res": [_zeros((schedule.slots["residual"], *r.shape), r) for r in res_sds],
-        "d_stack": jax.tree.map(lambda a: _zeros(a.shape, a), stack),
-        "d_rest": jax.tree.map(lambda a: _zeros(a.shape, a), rest),
-        "loss": varying(jnp.zeros((), jnp.float32), (PIPE,)),
-    }
-    zeros_msg = _zeros(x_sds.shape, x_sds)
-
-    def forward(c, row, *, embed_input: bool = False, head: bool = False):
-        mb, v = row[COL["microbatch"]], row[COL["chunk"]]
-        if embed_input:
-            x = as_act(embed(rest, mb))
-        else:
-            x = _read(c["act"], row[COL["input_slot"]])
-        y, leaves = forward_with_residuals(chunk_params(v), x, positions[mb])
-        y = as_act(y)
-        slot = row[COL["residual_slot"]]
-        c = dict(c, res=[_write(b, slot, leaf) for b, leaf in zip(c["res"], leaves, strict=True)])
-        if head:  # the loss and its gradient now; the gradient waits for this chunk's backward
-            (total, _), pullback = jax.vjp(
-                lambda r, yy: head_fn(r, yy, targets[mb], weights[mb]), rest, y
-            )
-            d_r, dy = pullback(
-                (jnp.ones_like(total) * seed.astype(total.dtype), jnp.zeros_like(total))
-            )
-            c = dict(
-                c,
-                d_rest=jax.tree.map(jnp.add, c["d_rest"], d_r),
-                grad=_write(c["grad"], row[COL["grad_slot"]], as_act(dy)),
-                loss=c["loss"] + total / count,
-            )
-        return c, y, zeros_msg
-
-    def backward(c, row, *, embed_grad: bool = False):
-        mb, v = row[COL["microbatch"]], row[COL["chunk"]]
-        slot = row[COL["residual_slot"]]
-        pullback = jax.tree.unflatten(res_tree[0], [_read(buf, slot) for buf in c["res"]])
-        d_params, dx = pullback(_read(c["grad"], row[COL["grad_slot"]]))
-        d_stack = jax.tree.map(
-            lambda acc, g: jax.lax.dynamic_update_slice_in_dim(
-                acc,
-                jax.lax.dynamic_slice_in_dim(acc, v * per_chunk, per_chunk, 0) + g,
-                v * per_chunk,
-                0,
-            ),
-            c["d_stack"],
-            d_params,
-        )
-        c = dict(c, d_stack=d_stack)
-        dx = as_act(dx)
-        if embed_grad:
-            _, pullback = jax.vjp(lambda r: as_act(embed(r, mb)), rest)
-            (d_r,) = pullback(dx)
-            c = dict(c, d_rest=jax.tree.map(jnp.add, c["d_rest"], d_r))
-        return c, zeros_msg, dx
-
-    def idle(c, row):
-        return c, zeros_msg, zeros_msg
-
-    branches = {  # one per schedule.BRANCHES entry, in that order
-        "idle": idle,
-        "forward": forward,
-        "forward_embed": functools.partial(forward, embed_input=True),
-        "forward_head": functools.partial(forward, head=True),
-        "backward": backward,
-        "backward_embed": functools.partial(backward, embed_grad=True),
-    }
-    branch_fns = [branches[name] for name in BRANCHES]
-
-    fwd_ring = [(i, (i + 1) % p) for i in range(p)]
-    bwd_ring = [(i, (i - 1) % p) for i in range(p)]
-
-    def tick(c, rows):
-        row = rows[stage]
-        c, send_f, send_b = jax.lax.switch(row[COL["branch"]], branch_fns, c, row)
-        recv_f = jax.lax.ppermute(send_f, PIPE, fwd_ring)
-        recv_b = jax.lax.ppermute(send_b, PIPE, bwd_ring)
-        c = dict(
-            c,
-            act=_write_if(c["act"], row[COL["arrive_fwd_slot"]], recv_f),
-            grad=_write_if(c["grad"], row[COL["arrive_bwd_slot"]], recv_b),
-        )
-        return c, None
-
-    carry, _ = jax.lax.scan(tick, carry, jnp.asarray(schedule.table))
+    program = _StageProgram(
+        schedule, (chunk_fn, embed_fn, head_fn), stack, rest, batch, count, seed
+    )
+    carry, _ = jax.lax.scan(program.tick_fn(stage), program.start, jnp.asarray(schedule.table))
     loss = jax.lax.psum(carry["loss"], PIPE)
     d_rest = jax.tree.map(lambda g: jax.lax.psum(g, PIPE), carry["d_rest"])
     return loss, carry["d_stack"], d_rest

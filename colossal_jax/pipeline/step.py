@@ -16,6 +16,7 @@ same contract as ``jax.value_and_grad`` of the unpipelined loss (gradients multi
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import jax
@@ -25,13 +26,109 @@ from flax import nnx
 from jax.sharding import PartitionSpec as P
 
 from colossal_jax.layers import stacked_filter, use_parallelism
-from colossal_jax.layers.stack import use_stack_options
+from colossal_jax.layers.stack import StackOptions, use_stack_options
 from colossal_jax.parallel import zero
 from colossal_jax.parallel.sharding import param_specs
 from colossal_jax.pipeline.executor import interleave_permutation, run_pipeline
 from colossal_jax.pipeline.schedule import Schedule
 from colossal_jax.tensor.grid import axes_of
 from colossal_jax.tensor.layout import LocalAttention, TensorLayout
+
+
+@dataclass(frozen=True)
+class _PipelineParams:
+    """A model's parameters split for the pipeline, with the specs each part enters and leaves
+    the step's ``shard_map`` in.
+
+    Attributes:
+      graphdef: the graph both parts merge back into.
+      stack, rest: the stacked blocks (leading layer dimension, split over ``pipe``) and the
+        other parameters (embedding, final norm, head; on every stage).
+      stack_specs, rest_specs: their layout specs; ``stack_zero``, ``rest_zero``: the same with
+        ZeRO's ``data`` split; ``stack_dims``, ``rest_dims``: each parameter's ZeRO dimension.
+    """
+
+    graphdef: Any
+    stack: Any
+    rest: Any
+    stack_specs: Any
+    rest_specs: Any
+    stack_zero: Any
+    rest_zero: Any
+    stack_dims: Any
+    rest_dims: Any
+
+    @classmethod
+    def split(cls, graphdef: Any, params: Any, layout: TensorLayout) -> _PipelineParams:
+        gd, stack, rest = nnx.split(nnx.merge(graphdef, params), stacked_filter, ...)
+        return cls(
+            gd,
+            stack,
+            rest,
+            param_specs(stack, layout, layer_entry="pipe"),
+            param_specs(rest, layout),
+            param_specs(stack, layout, layer_entry="pipe", zero_axis=zero.AXIS),
+            param_specs(rest, layout, zero_axis=zero.AXIS),
+            zero.zero_dims(stack, layout, layer_entry="pipe"),
+            zero.zero_dims(rest, layout),
+        )
+
+    def specs(self, zero_sharded: bool) -> tuple[Any, Any]:
+        """``(stack, rest)`` specs, with ZeRO's ``data`` split when ``zero_sharded``."""
+        if zero_sharded:
+            return self.stack_zero, self.rest_zero
+        return self.stack_specs, self.rest_specs
+
+
+def _per_device_step(
+    parts: _PipelineParams,
+    schedule: Schedule,
+    layout: TensorLayout,
+    local_attention: LocalAttention,
+    options: StackOptions,
+    stage: int,
+    token_axes: tuple[str, ...],
+) -> Callable:
+    """The body of the step's all-manual ``shard_map``: ``(stack, rest, tokens, positions,
+    targets, weights, scale) -> (loss, d_stack, d_rest)`` — the parameters entered into ZeRO
+    ``stage``, :func:`run_pipeline` with the layouts' kernels, one ZeRO reduction at the end."""
+    gd, stack_dims, rest_dims = parts.graphdef, parts.stack_dims, parts.rest_dims
+
+    def per_device(stack, rest, tokens, positions, targets, weights, scale):
+        stack = zero.enter(stack, stack_dims, stage)
+        rest = zero.enter(rest, rest_dims, stage)
+        if stage == 3:  # the unstacked parameters whole; their gradient is scattered below
+            rest = zero.gather_rest(rest, rest_dims)
+
+        def chunk_fn(chunk, x, pos):
+            return nnx.merge(gd, chunk, rest).blocks(x, pos)
+
+        def embed_fn(r, tok, pos):
+            return nnx.merge(gd, stack, r).embed(tok, pos)
+
+        def head_fn(r, y, tgt, w):
+            return nnx.merge(gd, stack, r).head_loss(y, tgt, w)
+
+        with use_parallelism(layout, local_attention), use_stack_options(options):
+            loss, d_stack, d_rest = run_pipeline(
+                schedule,
+                chunk_fn=chunk_fn,
+                embed_fn=embed_fn,
+                head_fn=head_fn,
+                stack=stack,
+                rest=rest,
+                tokens=tokens,
+                positions=positions,
+                targets=targets,
+                weights=weights,
+                token_axes=token_axes,
+                scale=scale,
+            )
+        d_stack = zero.reduce(d_stack, stack_dims, stage)
+        d_rest = zero.reduce(d_rest, rest_dims, 2 if stage == 3 else stage)
+        return loss, d_stack, d_rest
+
+    return per_device
 
 
 def pipelined_value_and_grad(
@@ -49,91 +146,39 @@ def pipelined_value_and_grad(
     """``(params, batch) -> (mean loss, grads)`` through the pipeline ``schedule``.
 
     ``stage`` is the ZeRO stage over ``data`` (:mod:`colossal_jax.parallel.zero`: the parameters
-    enter
-    varying over ``data`` and one reduction at the end covers every gradient; stage 3 stores the
-    parameters sharded and gathers each layer inside the chunks, with ``layer_dims`` from
-    :func:`colossal_jax.parallel.step.stack_layer_dims`). ``remat`` is the stack's checkpoint
-    policy: a
-    chunk's forward then keeps only what the policy saves until its backward."""
-    mesh = layout.mesh
+    enter varying over ``data`` and one reduction at the end covers every gradient; stage 3
+    stores the parameters sharded and gathers each layer inside the chunks, with ``layer_dims``
+    from :func:`colossal_jax.parallel.step.stack_layer_dims`). ``remat`` is the stack's
+    checkpoint policy: a chunk's forward then keeps only what the policy saves until its
+    backward."""
     token_spec = layout.token_spec()
     token_axes = tuple(a for entry in token_spec for a in axes_of(entry))
-    virtual = schedule.virtual_stages
     options = zero.stack_options(stage, layer_dims, remat)
     perm = inv = None
-    if virtual > 1:
-        perm = interleave_permutation(n_layer, schedule.stages, virtual)
+    if schedule.virtual_stages > 1:
+        perm = interleave_permutation(n_layer, schedule.stages, schedule.virtual_stages)
         inv = np.argsort(perm).astype(np.int32)
 
     def value_and_grad(params, batch, scale=None):
         model_params = params
         if compute_dtype != jnp.float32:
             params = jax.tree.map(lambda a: a.astype(compute_dtype), params)
-        gd, stack, rest = nnx.split(nnx.merge(graphdef, params), stacked_filter, ...)
-        stack_specs = param_specs(stack, layout, layer_entry="pipe")
-        rest_specs = param_specs(rest, layout)
-        stack_zero = param_specs(stack, layout, layer_entry="pipe", zero_axis=zero.AXIS)
-        rest_zero = param_specs(rest, layout, zero_axis=zero.AXIS)
-        stack_dims = zero.zero_dims(stack, layout, layer_entry="pipe")
-        rest_dims = zero.zero_dims(rest, layout)
+        parts = _PipelineParams.split(graphdef, params, layout)
+        stack = parts.stack
         if perm is not None:
             stack = jax.tree.map(lambda a: a[perm], stack)
-
-        def per_device(stack, rest, tokens, positions, targets, weights, scale):
-            stack = zero.enter(stack, stack_dims, stage)
-            rest = zero.enter(rest, rest_dims, stage)
-            if stage == 3:  # the unstacked parameters whole; their gradient is scattered below
-                rest = zero.gather_rest(rest, rest_dims)
-
-            def chunk_fn(chunk, x, pos):
-                return nnx.merge(gd, chunk, rest).blocks(x, pos)
-
-            def embed_fn(r, tok, pos):
-                return nnx.merge(gd, stack, r).embed(tok, pos)
-
-            def head_fn(r, y, tgt, w):
-                return nnx.merge(gd, stack, r).head_loss(y, tgt, w)
-
-            with use_parallelism(layout, local_attention), use_stack_options(options):
-                loss, d_stack, d_rest = run_pipeline(
-                    schedule,
-                    chunk_fn=chunk_fn,
-                    embed_fn=embed_fn,
-                    head_fn=head_fn,
-                    stack=stack,
-                    rest=rest,
-                    tokens=tokens,
-                    positions=positions,
-                    targets=targets,
-                    weights=weights,
-                    token_axes=token_axes,
-                    scale=scale,
-                )
-            d_stack = zero.reduce(d_stack, stack_dims, stage)
-            d_rest = zero.reduce(d_rest, rest_dims, 2 if stage == 3 else stage)
-            return loss, d_stack, d_rest
-
+        per_device = _per_device_step(
+            parts, schedule, layout, local_attention, options, stage, token_axes
+        )
         tok = token_spec
         loss, d_stack, d_rest = jax.shard_map(
             per_device,
-            mesh=mesh,
-            in_specs=(
-                stack_zero if stage == 3 else stack_specs,
-                rest_zero if stage == 3 else rest_specs,
-                tok,
-                tok,
-                tok,
-                tok,
-                P(),
-            ),
-            out_specs=(
-                P(),
-                stack_zero if stage >= 2 else stack_specs,
-                rest_zero if stage >= 2 else rest_specs,
-            ),
+            mesh=layout.mesh,
+            in_specs=(*parts.specs(stage == 3), tok, tok, tok, tok, P()),
+            out_specs=(P(), *parts.specs(stage >= 2)),
         )(
             stack,
-            rest,
+            parts.rest,
             batch["tokens"],
             batch["positions"],
             batch["targets"],

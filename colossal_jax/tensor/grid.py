@@ -1,8 +1,9 @@
 """What every tensor-split layout shares: kernels that follow from its specs alone.
 
 Given a layout's residual, wide, token and embedding specs, the layer norm and RMSNorm, the
-embedding, the attention head split and the vocab-parallel cross-entropy are the same algorithm
-in 1D, 2D, 2.5D and 3D — only the axes differ, and those are read off the specs:
+embedding and the vocab-parallel cross-entropy are the same algorithm in 1D, 2D, 2.5D and 3D
+(the attention head split too, in every mode: :meth:`TensorLayout.attention`) — only the axes
+differ, and those are read off the specs:
 
 - the axes splitting the residual's hidden dimension: LayerNorm all-reduces its statistics
   over them (``2·rows`` elements per direction), RMSNorm its one statistic Σx² (``rows``);
@@ -26,7 +27,10 @@ interleaved with partial matmuls (:mod:`colossal_jax.tensor.collective_matmul`);
 still share one input ring or gather.
 
 Subclasses implement the specs, ``_gather_input``, ``_matmul``, ``_collective_products``,
-:meth:`TensorLayout.validate` and :meth:`TensorLayout.batch_divisor`.
+:meth:`TensorLayout.validate` and :meth:`TensorLayout.batch_divisor`; a mode whose grid is not
+simply the mesh's tensor axes (2D and 2.5D: the stacked grids) overrides
+:meth:`GridLayout.grid_shape`. The constructor checks the grid shape against the mode's rule
+(:func:`colossal_jax.config.parallel_rules.check_grid`).
 """
 
 from __future__ import annotations
@@ -37,6 +41,8 @@ import jax
 from jax.sharding import Mesh
 from jax.sharding import PartitionSpec as P
 
+from colossal_jax.config.choices import TENSOR_AXES
+from colossal_jax.config.parallel_rules import check_grid
 from colossal_jax.tensor.kernels import (
     reduce_loss,
     split_layer_norm,
@@ -48,9 +54,7 @@ from colossal_jax.tensor.layout import (
     ActivationAxes,
     AxisNames,
     LinearKind,
-    LocalAttention,
     TensorLayout,
-    attention_in_shard_map,
     in_manual_region,
     sharded,
     spec_axes,
@@ -69,7 +73,8 @@ class GridLayout(TensorLayout):
     """A layout whose shared kernels are derived from its specs (see module docstring).
 
     ``collective_matmul``: run the linears' gathers and scatters as ``ppermute`` rings
-    interleaved with partial matmuls (``--collective-matmul on``)."""
+    interleaved with partial matmuls (``--collective-matmul on``). Raises ``ConfigError`` when
+    the mesh's tensor axes do not form the grid the mode computes on."""
 
     def __init__(
         self,
@@ -80,6 +85,13 @@ class GridLayout(TensorLayout):
     ):
         super().__init__(mesh, activation_axes or ActivationAxes())
         self.collective_matmul = collective_matmul
+        check_grid(self.mode, *self.grid_shape())
+
+    def grid_shape(self) -> tuple[int, int, int]:
+        """``(rows, cols, depth)`` of the tensor grid, as :func:`check_grid` reads it: the sizes
+        of ``tensor_row, tensor_col, tensor_depth`` (1 where the mesh lacks one)."""
+        r, c, d = (self.mesh.shape.get(a, 1) for a in TENSOR_AXES)
+        return r, c, d
 
     def hidden_axes(self) -> AxisNames:
         return axes_of(self.residual_spec()[2])
@@ -185,31 +197,6 @@ class GridLayout(TensorLayout):
             (ids_spec, self.embedding_spec()),
             self.residual_spec(),
         )(tokens, table)
-
-    def attention(
-        self,
-        q,
-        k,
-        v,
-        positions,
-        *,
-        heads: int,
-        local_attention: LocalAttention,
-        causal: bool = True,
-        kv_heads: int | None = None,
-    ):
-        return attention_in_shard_map(
-            self,
-            q,
-            k,
-            v,
-            positions,
-            heads=heads,
-            head_split=self.axis_size(self.wide_axes()),
-            local_attention=local_attention,
-            causal=causal,
-            kv_heads=kv_heads,
-        )
 
     def cross_entropy(self, logits, targets, weights):
         tokens = self.token_spec()

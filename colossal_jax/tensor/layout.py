@@ -300,7 +300,6 @@ class TensorLayout(abc.ABC):
         :meth:`cross_entropy`). The table's gradient from this use adds to the lookup's, as
         both read the one parameter."""
 
-    @abc.abstractmethod
     def attention(
         self,
         q: jax.Array,
@@ -323,7 +322,35 @@ class TensorLayout(abc.ABC):
         ``local_attention(..., causal=causal)`` inside one ``shard_map`` that also covers the
         sequence axis, and returns the wide-layout ``[b, s, heads*head_dim]`` result. Keys at
         negative positions (padding) are masked for every query.
+
+        The wide spec splits the hidden dimension ``head_split`` ways (the product of the axes of
+        its last entry), so each device holds ``heads // head_split`` whole query heads and
+        ``kv_heads // head_split`` whole key/value heads.
         """
+        wide = self.wide_spec()
+        tokens = self.token_spec()
+        head_split = self.axis_size(wide[2])
+        check_head_split(self.mode, heads, head_split)
+        kv_heads = heads if kv_heads is None else kv_heads
+        depth = self.mesh.shape.get("tensor_depth", 1)
+        check_kv_heads(self.mode, heads, kv_heads, head_split, depth)
+        local_heads, local_kv = heads // head_split, kv_heads // head_split
+
+        def body(q, k, v, pos):
+            b, s, hd = q.shape
+            d = hd // local_heads
+            kv_shape = (b, s, local_kv, d)
+            out = local_attention(
+                q.reshape(b, s, local_heads, d),
+                k.reshape(kv_shape),
+                v.reshape(kv_shape),
+                pos,
+                pos,
+                causal=causal,
+            )
+            return out.reshape(b, s, hd)
+
+        return sharded(body, self.mesh, (wide, wide, wide, tokens), wide)(q, k, v, positions)
 
     @abc.abstractmethod
     def cross_entropy(
@@ -331,44 +358,3 @@ class TensorLayout(abc.ABC):
     ) -> tuple[jax.Array, jax.Array]:
         """Global ``(sum of weighted token losses, sum of weights)`` for wide-layout logits
         ``[b, s, V]`` (vocabulary split as the wide dimension). Both results are replicated."""
-
-
-def attention_in_shard_map(
-    layout: TensorLayout,
-    q: jax.Array,
-    k: jax.Array,
-    v: jax.Array,
-    positions: jax.Array,
-    *,
-    heads: int,
-    head_split: int,
-    local_attention: LocalAttention,
-    causal: bool = True,
-    kv_heads: int | None = None,
-) -> jax.Array:
-    """Shared body of :meth:`TensorLayout.attention`: the wide spec splits the hidden dimension
-    ``head_split`` ways, so each device holds ``heads // head_split`` whole query heads and
-    ``kv_heads // head_split`` whole key/value heads."""
-    wide = layout.wide_spec()
-    tokens = layout.token_spec()
-    check_head_split(layout.mode, heads, head_split)
-    kv_heads = heads if kv_heads is None else kv_heads
-    depth = layout.mesh.shape.get("tensor_depth", 1)
-    check_kv_heads(layout.mode, heads, kv_heads, head_split, depth)
-    local_heads, local_kv = heads // head_split, kv_heads // head_split
-
-    def body(q, k, v, pos):
-        b, s, hd = q.shape
-        d = hd // local_heads
-        kv_shape = (b, s, local_kv, d)
-        out = local_attention(
-            q.reshape(b, s, local_heads, d),
-            k.reshape(kv_shape),
-            v.reshape(kv_shape),
-            pos,
-            pos,
-            causal=causal,
-        )
-        return out.reshape(b, s, hd)
-
-    return sharded(body, layout.mesh, (wide, wide, wide, tokens), wide)(q, k, v, positions)

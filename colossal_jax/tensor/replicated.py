@@ -18,9 +18,7 @@ from jax.sharding import PartitionSpec as P
 from colossal_jax.tensor.kernels import split_rms_norm, token_matmul
 from colossal_jax.tensor.layout import (
     LinearKind,
-    LocalAttention,
     TensorLayout,
-    attention_in_shard_map,
     in_manual_region,
     spec_axes,
 )
@@ -71,31 +69,6 @@ class ReplicatedLayout(TensorLayout):
 
     def tied_logits(self, x, table):
         return jnp.einsum("bsh,vh->bsv", x, table)
-
-    def attention(
-        self,
-        q,
-        k,
-        v,
-        positions,
-        *,
-        heads: int,
-        local_attention: LocalAttention,
-        causal: bool = True,
-        kv_heads: int | None = None,
-    ):
-        return attention_in_shard_map(
-            self,
-            q,
-            k,
-            v,
-            positions,
-            heads=heads,
-            head_split=1,
-            local_attention=local_attention,
-            causal=causal,
-            kv_heads=kv_heads,
-        )
 
     def cross_entropy(self, logits, targets, weights):
         logp = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)

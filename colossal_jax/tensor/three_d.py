@@ -37,12 +37,10 @@ import jax
 import jax.numpy as jnp
 from jax.sharding import PartitionSpec as P
 
-from colossal_jax.config.parallel_rules import check_grid
 from colossal_jax.tensor.collective_matmul import block, ring_all_gather, ring_reduce_scatter
 from colossal_jax.tensor.grid import GridLayout
 from colossal_jax.tensor.kernels import grid_transpose, token_matmul, varying
 from colossal_jax.tensor.layout import (
-    ActivationAxes,
     LinearKind,
     in_per_stage_branches,
     sharded,
@@ -55,16 +53,6 @@ class ThreeDLayout(GridLayout):
     i = "tensor_row"
     j = "tensor_col"
     k = "tensor_depth"
-
-    def __init__(
-        self,
-        mesh,
-        activation_axes: ActivationAxes | None = None,
-        *,
-        collective_matmul: bool = False,
-    ):
-        super().__init__(mesh, activation_axes, collective_matmul=collective_matmul)
-        check_grid(self.mode, *(self.axis_size(a) for a in (self.i, self.j, self.k)))
 
     @property
     def q(self) -> int:

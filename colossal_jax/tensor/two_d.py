@@ -27,18 +27,14 @@ is the reduce-scatter of that operand's gradient, each step one partial matmul).
 
 from __future__ import annotations
 
-import math
-
 import jax
 import jax.numpy as jnp
 from jax.sharding import PartitionSpec as P
 
-from colossal_jax.config.parallel_rules import check_grid
 from colossal_jax.tensor.collective_matmul import block, ring_all_gather
 from colossal_jax.tensor.grid import GridLayout
 from colossal_jax.tensor.kernels import grid_transpose, token_matmul, varying
 from colossal_jax.tensor.layout import (
-    ActivationAxes,
     LinearKind,
     in_per_stage_branches,
     sharded,
@@ -53,16 +49,14 @@ class TwoDLayout(GridLayout):
     depth: tuple[str, ...] = ()
     """Axes that stack independent grids (2.5D): they split the batch and replicate weights."""
 
-    def __init__(
-        self,
-        mesh,
-        activation_axes: ActivationAxes | None = None,
-        *,
-        collective_matmul: bool = False,
-    ):
-        super().__init__(mesh, activation_axes, collective_matmul=collective_matmul)
-        depth = math.prod(self.mesh.shape.get(a, 1) for a in self.depth)
-        check_grid(self.mode, self.axis_size(self.row), self.axis_size(self.col), depth)
+    def grid_shape(self) -> tuple[int, int, int]:
+        """``(q_row, q_col, grids)``: the 2D grid and how many copies of it are stacked (the
+        product of the :attr:`depth` axes, 1 in 2D); raises ``ValueError`` when the mesh lacks a
+        depth axis."""
+        for a in self.depth:
+            if a not in self.mesh.shape:
+                raise ValueError(f"{self.mode} needs a {a!r} mesh axis")
+        return self.axis_size(self.row), self.axis_size(self.col), self.axis_size(self.depth)
 
     @property
     def q(self) -> int:

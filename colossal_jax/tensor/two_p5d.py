@@ -14,21 +14,9 @@ weights ``d·N·K/p``, activations ``M·N/p``.
 
 from __future__ import annotations
 
-from colossal_jax.tensor.layout import ActivationAxes
 from colossal_jax.tensor.two_d import TwoDLayout
 
 
 class TwoP5DLayout(TwoDLayout):
     mode = "2.5d"
     depth = ("tensor_depth",)
-
-    def __init__(
-        self,
-        mesh,
-        activation_axes: ActivationAxes | None = None,
-        *,
-        collective_matmul: bool = False,
-    ):
-        super().__init__(mesh, activation_axes, collective_matmul=collective_matmul)
-        if "tensor_depth" not in mesh.shape:
-            raise ValueError("2.5d needs a 'tensor_depth' mesh axis")
