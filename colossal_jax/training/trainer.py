@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable
+from typing import Any
 
 import jax
 
@@ -101,7 +102,7 @@ def _train(
 
 
 def _hooks(
-    run: Run, ckpt: Checkpointer | None, opt_state: object, start_step: int, *, progress: bool
+    run: Run, ckpt: Checkpointer | None, opt_state: Any, start_step: int, *, progress: bool
 ) -> tuple[Evaluation | None, Hooks]:
     """The hooks of ``run``'s loop, in the order of their work within each event (``close``
     runs them in reverse: the profiler stops before the bar and the metrics file close), and
