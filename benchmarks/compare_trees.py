@@ -18,6 +18,7 @@ import os
 import statistics
 import sys
 import time
+from types import SimpleNamespace
 
 
 def _load(tree: str, mesh: dict, layers: list[int]) -> dict:
@@ -29,9 +30,9 @@ def _load(tree: str, mesh: dict, layers: list[int]) -> dict:
         import importlib
 
         config = importlib.import_module("colossal_jax.config")
-        T = importlib.import_module("colossal_jax.training.train")
-        if not T.__file__.startswith(os.path.abspath(tree)):
-            raise SystemExit(f"colossal_jax came from {T.__file__}, not {tree}")
+        T = _training(importlib)
+        if not config.__file__.startswith(os.path.abspath(tree)):
+            raise SystemExit(f"colossal_jax came from {config.__file__}, not {tree}")
         out = {}
         for n_layer in layers:
             cfg = config.TrainConfig(
@@ -47,6 +48,21 @@ def _load(tree: str, mesh: dict, layers: list[int]) -> dict:
         return out
     finally:
         sys.path.remove(tree)
+
+
+def _training(importlib) -> SimpleNamespace:
+    """``build``, ``init_state``, ``global_batch`` and ``make_train_step`` of the checkout on
+    the path: from their modules, or from ``colossal_jax.training.train`` in a checkout that
+    predates the split of that module."""
+    try:
+        return SimpleNamespace(
+            build=importlib.import_module("colossal_jax.training.run").build,
+            init_state=importlib.import_module("colossal_jax.training.run").init_state,
+            global_batch=importlib.import_module("colossal_jax.training.batches").global_batch,
+            make_train_step=importlib.import_module("colossal_jax.training.steps").make_train_step,
+        )
+    except ModuleNotFoundError:
+        return importlib.import_module("colossal_jax.training.train")
 
 
 def main(argv: list[str] | None = None) -> int:

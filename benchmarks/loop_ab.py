@@ -19,7 +19,6 @@ Prints each window's ms per step and the median of the paired ratios.
 from __future__ import annotations
 
 import dataclasses
-import importlib
 import statistics
 import sys
 import tempfile
@@ -41,7 +40,10 @@ def main(argv: list[str] | None = None) -> int:
     jax.config.update("jax_compilation_cache_dir", tempfile.mkdtemp(prefix="loop-ab-"))
     jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
     jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
-    T = importlib.import_module("colossal_jax.training.train")
+    from colossal_jax.training.batches import global_batch
+    from colossal_jax.training.run import build, init_state
+    from colossal_jax.training.steps import make_train_step
+
     n_dev = args.devices or jax.device_count()
     cfg = cli.config_from_args(args, n_dev)
     cfg = dataclasses.replace(cfg, devices=n_dev, eval_every=0, checkpoint_dir=None)
@@ -49,17 +51,17 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{cfg.parallel.describe()}; {n} steps a window, {args.rounds} windows a side")
 
     def make():
-        run = T.build(cfg)
-        params, opt_state = T.init_state(run)
-        step = T.make_train_step(run).lower(params, opt_state, T.global_batch(run, 0))
+        run = build(cfg)
+        params, opt_state = init_state(run)
+        step = make_train_step(run).lower(params, opt_state, global_batch(run, 0))
         return run, [params, opt_state], step.compile()
 
     def asynchronous(side) -> float:
         run, st, step = side
-        t0, pending, batch = time.perf_counter(), None, T.global_batch(run, 0)
+        t0, pending, batch = time.perf_counter(), None, global_batch(run, 0)
         for i in range(n):
             st[0], st[1], out = step(st[0], st[1], batch)
-            batch = T.global_batch(run, i + 1)
+            batch = global_batch(run, i + 1)
             if pending is not None:
                 jax.device_get(pending)
             pending = out
@@ -70,13 +72,13 @@ def main(argv: list[str] | None = None) -> int:
         run, st, step = side
         t0 = time.perf_counter()
         for i in range(n):
-            st[0], st[1], out = step(st[0], st[1], T.global_batch(run, i))
+            st[0], st[1], out = step(st[0], st[1], global_batch(run, i))
             jax.device_get(out)
         return (time.perf_counter() - t0) / n
 
     def back_to_back(side) -> float:
         run, st, step = side
-        batches = jax.block_until_ready([T.global_batch(run, i) for i in range(n)])
+        batches = jax.block_until_ready([global_batch(run, i) for i in range(n)])
         t0 = time.perf_counter()
         for batch in batches:
             st[0], st[1], out = step(st[0], st[1], batch)
@@ -98,7 +100,7 @@ def main(argv: list[str] | None = None) -> int:
         """How long the step's call takes to return: with the device idle, and with the step
         before it still running (the call of the second of two steps dispatched together)."""
         run, st, step = side
-        batch = jax.block_until_ready(T.global_batch(run, 0))
+        batch = jax.block_until_ready(global_batch(run, 0))
         idle, busy, whole = [], [], []
         for _ in range(args.rounds):
             jax.block_until_ready(st)

@@ -4,7 +4,7 @@ compiled memory analysis (nothing executes), next to the docs/formulas.md sectio
 Two programs are compiled per configuration, with abstract inputs (``jax.ShapeDtypeStruct`` in
 the run's shardings), and every byte figure below is a field of ``compiled.memory_analysis()``:
 
-- the value-and-grad function of the run (``train._value_and_grad_fn``: the all-manual
+- the value-and-grad function of the run (``steps.value_and_grad_fn``: the all-manual
   ``shard_map`` step with the stage's gathers and reductions), jitted with
   ``in_shardings=(run.device_param_shardings, batch)`` and
   ``out_shardings=(None, run.grad_shardings)``;
@@ -100,8 +100,8 @@ def config(
 def abstract_batch(run, *, train_step: bool = False) -> dict[str, jax.ShapeDtypeStruct]:
     """The run's batch as abstract arrays in its sharding: the shapes and dtypes of its task's
     batches (``[b, s]``; image tokens carry a feature dimension); with ``train_step`` also the
-    per-device stop flags the train step takes (``train.stop_flags``: one int32 per device)."""
-    from colossal_jax.training.train import stop_sharding
+    per-device stop flags the train step takes (``batches.stop_flags``: one int32 per device)."""
+    from colossal_jax.training.batches import stop_sharding
 
     host = run.batches.batch(0)
     batch = {
@@ -149,7 +149,8 @@ def measure(
 ) -> dict:
     """Compile the value-and-grad and the train step of ``model`` at ``data=devices`` and return
     the per-device byte figures described in the module docstring."""
-    from colossal_jax.training.train import _value_and_grad_fn, build, make_train_step
+    from colossal_jax.training.run import build
+    from colossal_jax.training.steps import make_train_step, value_and_grad_fn
 
     t0 = time.perf_counter()
     run = build(config(model, zero, offload, remat, devices))
@@ -159,7 +160,7 @@ def measure(
     ident = jax.jit(lambda b: b, in_shardings=(batch_shardings,)).lower(batch).compile()
     batch_bytes = int(_stats(ident).argument_size_in_bytes)
 
-    vg = _value_and_grad_fn(run)
+    vg = value_and_grad_fn(run)
     vg_jit = jax.jit(
         lambda p, b: vg(p, b),
         in_shardings=(run.device_param_shardings, batch_shardings),
@@ -218,7 +219,7 @@ def step_footprint(stats) -> int:
 
 def step_bytes(run) -> dict:
     """Only the train step's footprint of a built run (for the budget search): one compile."""
-    from colossal_jax.training.train import make_train_step
+    from colossal_jax.training.steps import make_train_step
 
     params = abstract_like(run.abstract_params, run.param_shardings)
     opt = abstract_like(jax.eval_shape(run.tx.init, run.abstract_params), run.opt_shardings)
@@ -255,7 +256,7 @@ def largest_fitting(
     be the answer); for each width depth grows until a compiled candidate does not fit; when the
     shallowest depth of a width does not fit, wider ones are not tried."""
     from colossal_jax.config import ConfigError
-    from colossal_jax.training.train import build
+    from colossal_jax.training.run import build
 
     tried: list[dict] = []
     best: dict | None = None
@@ -299,7 +300,7 @@ def remat_temporaries(seq: int = 1024, *, devices: int = 8, n_layer: int = 4) ->
     import dataclasses
 
     from colossal_jax.parallel.remat import REMAT_MODES
-    from colossal_jax.training.train import build
+    from colossal_jax.training.run import build
 
     out = []
     for remat in REMAT_MODES:

@@ -1,4 +1,4 @@
-"""A copy of the synchronous training loop of ``colossal_jax.training.train`` as it was before this
+"""A copy of the synchronous training loop of ``colossal_jax.training`` as it was before this
 harness existed: the next batch is built only after the step returns, the host waits for every
 step (``float(loss)``, ``float(grad_norm)``) before dispatching the next one, and the learning
 rate is evaluated by the optax schedule step by step.
@@ -21,8 +21,10 @@ from typing import Any
 from colossal_jax.config import TrainConfig
 from colossal_jax.runtime.divergence import Guard
 from colossal_jax.runtime.metrics import device_memory
+from colossal_jax.training.batches import global_batch
 from colossal_jax.training.optim import schedule
-from colossal_jax.training.train import Run, build, global_batch, init_state, make_train_step
+from colossal_jax.training.run import Run, build, init_state
+from colossal_jax.training.steps import make_train_step
 
 
 @dataclass

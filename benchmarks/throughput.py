@@ -17,7 +17,7 @@ Measurements (every figure of one record comes from one invocation):
 - **peak memory**: on a CPU the compiled step's ``memory_analysis()`` (arguments + outputs −
   aliased + temporaries), on a GPU ``device.memory_stats()['peak_bytes_in_use']``.
 - **compile time**: lowering and compiling each side's step (PyTorch: its first step).
-- **the loop**: ``colossal_jax.training.train.train`` runs ``--steps`` steps (no evaluation, no
+- **the loop**: ``colossal_jax.training.trainer.train`` runs ``--steps`` steps (no evaluation, no
   checkpoints) ``--loop-repeats`` (5) times, alternated with the old loop (each figure the
   median over the windows); ``outside_step_fraction = Summary.host_s / Summary.loop_s``, the
   share of the loop's wall time the host spent neither in the compiled step's call nor waiting
@@ -137,18 +137,20 @@ class _LibrarySide:
     """The library's compiled step, state and batches."""
 
     def __init__(self, cfg: TrainConfig):
-        import importlib
+        from colossal_jax.training.batches import global_batch
+        from colossal_jax.training.run import build, init_state
+        from colossal_jax.training.steps import make_train_step
 
-        self.T = importlib.import_module("colossal_jax.training.train")
-        self.run = self.T.build(cfg)
-        self.params, self.opt_state = self.T.init_state(self.run)
-        step = self.T.make_train_step(self.run)
+        self.global_batch = global_batch
+        self.run = build(cfg)
+        self.params, self.opt_state = init_state(self.run)
+        step = make_train_step(self.run)
         t0 = time.perf_counter()
         self.compiled = step.lower(self.params, self.opt_state, self.batch(0)).compile()
         self.compile_s = time.perf_counter() - t0
 
     def batch(self, step: int):
-        return self.T.global_batch(self.run, step)
+        return self.global_batch(self.run, step)
 
     def __call__(self, batch):
         self.params, self.opt_state, out = self.compiled(self.params, self.opt_state, batch)
@@ -169,7 +171,7 @@ class _PlainSide:
     """``benchmarks/plain_jax_gpt.py`` in the sharding that mirrors the library's mesh."""
 
     def __init__(self, lib: _LibrarySide):
-        from colossal_jax.training.train import COMPUTE_DTYPES
+        from colossal_jax.training.steps import COMPUTE_DTYPES
         from colossal_jax_benchmarks import plain_jax_gpt as pj
 
         par = lib.run.cfg.parallel
@@ -285,7 +287,7 @@ def measure_loops(
     first-run set-up); the old loop's per window likewise (after two untimed steps). Each
     figure is the median over the windows: on a machine shared with other jobs one window's
     speed moves by ±10%, the alternation lets that fall on both loops."""
-    from colossal_jax.training.train import train
+    from colossal_jax.training.trainer import train
     from colossal_jax_benchmarks.sync_loop import sync_loop, sync_train
 
     peak = cfg.peak_tflops * 1e12 if cfg.peak_tflops else None

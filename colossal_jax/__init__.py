@@ -24,16 +24,16 @@ from colossal_jax.config import ConfigError, OptimConfig, ParallelConfig, TrainC
 from colossal_jax.runtime.devices import simulate_cpu_devices
 
 _LAZY = {  # name -> module holding it (imports JAX when first used)
-    "train": "colossal_jax.training.train",
-    "build": "colossal_jax.training.train",
-    "init_state": "colossal_jax.training.train",
-    "evaluate": "colossal_jax.training.train",
-    "restore": "colossal_jax.training.train",
-    "Run": "colossal_jax.training.train",
-    "Summary": "colossal_jax.training.train",
-    "TrainResult": "colossal_jax.training.train",
+    "train": "colossal_jax.training.trainer",
+    "build": "colossal_jax.training.run",
+    "init_state": "colossal_jax.training.run",
+    "restore": "colossal_jax.training.run",
+    "Run": "colossal_jax.training.run",
+    "evaluate": "colossal_jax.training.evaluation",
+    "evaluate_metrics": "colossal_jax.training.evaluation",
+    "Summary": "colossal_jax.training.summary",
+    "TrainResult": "colossal_jax.training.summary",
     "build_mesh": "colossal_jax.parallel.mesh",
-    "evaluate_metrics": "colossal_jax.training.train",
     "MODELS": "colossal_jax.config.families",
     "FAMILIES": "colossal_jax.config.families",
     "model_config": "colossal_jax.config.families",
@@ -73,17 +73,10 @@ if TYPE_CHECKING:  # pragma: no cover
     from colossal_jax.config.families import FAMILIES, MODELS, model_config
     from colossal_jax.generate import Sampler, Sampling
     from colossal_jax.parallel.mesh import build_mesh
-    from colossal_jax.training.train import (
-        Run,
-        Summary,
-        TrainResult,
-        build,
-        evaluate,
-        evaluate_metrics,
-        init_state,
-        restore,
-        train,
-    )
+    from colossal_jax.training.evaluation import evaluate, evaluate_metrics
+    from colossal_jax.training.run import Run, build, init_state, restore
+    from colossal_jax.training.summary import Summary, TrainResult
+    from colossal_jax.training.trainer import train
 
 
 def __getattr__(name: str) -> Any:

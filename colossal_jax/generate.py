@@ -1,7 +1,7 @@
 """Sampling text from a causal language model checkpoint, on any mesh.
 
 The run is rebuilt from the checkpoint's metadata (its architecture) on the mesh asked for, with
-the training machinery (:func:`colossal_jax.training.train.build`: mesh, tensor layout, sequence
+the training machinery (:func:`colossal_jax.training.run.build`: mesh, tensor layout, sequence
 mode,
 parameter shardings); only the parameters are restored (:func:`checkpoint.restore_params`),
 straight into those shardings. Each new token is one jitted forward of the model as it trains
@@ -153,7 +153,7 @@ class Sampler:
         import jax
 
         from colossal_jax.training.checkpoint import abstract_like, restore_params
-        from colossal_jax.training.train import build
+        from colossal_jax.training.run import build
 
         shape = (rows, seq_len)
         if shape not in self._runs:

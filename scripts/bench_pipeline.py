@@ -64,8 +64,10 @@ def measure(schedule: str, p: int, m: int, v: int, devices: int, batch: int, seq
 
     from colossal_jax.analysis.hlo import matmul_flops
     from colossal_jax.pipeline.schedule import BRANCHES
+    from colossal_jax.training.batches import global_batch
     from colossal_jax.training.checkpoint import abstract_like
-    from colossal_jax.training.train import build, global_batch, make_train_step
+    from colossal_jax.training.run import build
+    from colossal_jax.training.steps import make_train_step
 
     run = build(_config(p, schedule, m, v, devices, batch, seq))
     abstract_params = abstract_like(run.abstract_params, run.param_shardings)

@@ -54,7 +54,7 @@ def main(argv: list[str] | None = None) -> int:
     import numpy as np
 
     from colossal_jax.config import ParallelConfig, TrainConfig
-    from colossal_jax.training.train import train
+    from colossal_jax.training.trainer import train
 
     def curve(par: dict, extra: dict) -> tuple[np.ndarray, float]:
         cfg = TrainConfig(

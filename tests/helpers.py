@@ -31,6 +31,6 @@ def tiny_config(
 
 
 def losses(cfg: TrainConfig) -> list[float]:
-    from colossal_jax.training.train import train
+    from colossal_jax.training.trainer import train
 
     return train(cfg, progress=False, log=lambda _: None).losses

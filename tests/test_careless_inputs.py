@@ -231,12 +231,12 @@ def nothing_compiles(monkeypatch):
     """Fail where the run would first compile, or would start a multi-process runtime."""
     import jax
 
-    import colossal_jax.training.train as train
+    import colossal_jax.training.run as run_module
 
     def compile_(*_, **__):
         raise AssertionError("reached init_state: nothing refused this input")
 
-    monkeypatch.setattr(train, "init_state", compile_)
+    monkeypatch.setattr(run_module, "init_state", compile_)
     monkeypatch.setattr(jax.distributed, "initialize", compile_)
 
 

@@ -5,7 +5,7 @@ import shutil
 
 import numpy as np
 
-from colossal_jax.training.train import train
+from colossal_jax.training.trainer import train
 from tests.helpers import losses, tiny_config
 
 

@@ -20,7 +20,7 @@ import pytest
 
 from colossal_jax import cli
 from colossal_jax.config import ConfigError, OptimConfig
-from colossal_jax.training.train import train
+from colossal_jax.training.trainer import train
 from tests.helpers import tiny_config
 
 RUN = ["--steps", "4", "--batch-size", "8", "--seq-len", "32", "--eval-every", "0"]

@@ -17,7 +17,8 @@ from colossal_jax.config import ConfigError
 from colossal_jax.config.train_rules import check_keep_checkpoints
 from colossal_jax.runtime import signals
 from colossal_jax.runtime.divergence import MAX_SKIPPED_IN_A_ROW, Diverged, Guard, stop_line
-from colossal_jax.training.train import build, restore, train
+from colossal_jax.training.run import build, restore
+from colossal_jax.training.trainer import train
 from tests.helpers import tiny_config
 
 SMALL = [  # in-process: the 8 devices of conftest

@@ -21,7 +21,8 @@ def test_data_parallel_matches_single_device(single_device_losses, zero):
 
 
 def test_zero1_shards_optimizer_state_eight_ways():
-    from colossal_jax.training.train import build, init_state, per_device_bytes
+    from colossal_jax.runtime.metrics import per_device_bytes
+    from colossal_jax.training.run import build, init_state
 
     sizes = {}
     for zero in (0, 1):
@@ -35,13 +36,10 @@ def test_zero1_shards_optimizer_state_eight_ways():
 
 def test_zero1_memory_analysis_of_the_step():
     """The compiled step's argument bytes fall by 7/8 of the optimizer state under ZeRO-1."""
-    from colossal_jax.training.train import (
-        build,
-        global_batch,
-        init_state,
-        make_train_step,
-        per_device_bytes,
-    )
+    from colossal_jax.runtime.metrics import per_device_bytes
+    from colossal_jax.training.batches import global_batch
+    from colossal_jax.training.run import build, init_state
+    from colossal_jax.training.steps import make_train_step
 
     args = {}
     for zero in (0, 1):

@@ -14,7 +14,7 @@ import pytest
 from colossal_jax.checks.validate import check_config
 from colossal_jax.config import ConfigError, ParallelConfig
 from colossal_jax.config.model_rules import grad_accum_of
-from colossal_jax.training.train import train
+from colossal_jax.training.trainer import train
 from tests.helpers import tiny_config
 
 # batch 16 = 2 sequences per shard on data=8; TINY_MODEL (hidden 64, 4 heads, mlp 256, the

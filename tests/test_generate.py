@@ -15,7 +15,7 @@ from tests.helpers import tiny_config
 
 @pytest.fixture(scope="module")
 def checkpoint(tmp_path_factory):
-    from colossal_jax.training.train import train
+    from colossal_jax.training.trainer import train
 
     directory = tmp_path_factory.mktemp("gen") / "ckpt"
     cfg = dataclasses.replace(

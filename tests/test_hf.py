@@ -80,7 +80,7 @@ def _logits(run, params, tokens):
 )
 def test_imported_gpt2_logits_match_transformers(hf_dir, parallel):
     from colossal_jax.hf.load import load_params
-    from colossal_jax.training.train import build, init_state
+    from colossal_jax.training.run import build, init_state
 
     path, tokens, want = hf_dir
     run = build(_config(path, parallel))
@@ -106,7 +106,8 @@ def test_export_then_import_is_bit_exact_and_transformers_agrees(hf_dir, tmp_pat
     from colossal_jax.hf.load import load_params
     from colossal_jax.hf_export import main as export_main
     from colossal_jax.training.checkpoint import Checkpointer
-    from colossal_jax.training.train import _meta, build, init_state
+    from colossal_jax.training.hooks.checkpoint import checkpoint_meta as _meta
+    from colossal_jax.training.run import build, init_state
 
     _, tokens, _ = hf_dir
     arch = {"n_layer": 2, "n_embd": 64, "n_head": 4, "block_size": 32, "vocab_size": 128}
@@ -141,7 +142,7 @@ def test_other_file_layouts_load_the_same_parameters(hf_dir, tmp_path):
     import shutil
 
     from colossal_jax.hf.load import load_params
-    from colossal_jax.training.train import build
+    from colossal_jax.training.run import build
 
     path, _, _ = hf_dir
     model = transformers.GPT2LMHeadModel.from_pretrained(path)

@@ -179,7 +179,7 @@ def _flat(tree) -> dict[str, np.ndarray]:
 @pytest.mark.parametrize("mesh", list(MESHES))
 def test_imported_logits_match_transformers(family, mesh):
     from colossal_jax.hf.load import load_params
-    from colossal_jax.training.train import build
+    from colossal_jax.training.run import build
 
     case, path, (tokens, positions), want = family
     run = build(_config(case, path, MESHES[mesh]))
@@ -199,7 +199,8 @@ def test_export_round_trips_bit_for_bit(family, tmp_path):
     from colossal_jax.hf.tensors import read_tensors
     from colossal_jax.hf_export import main as export_main
     from colossal_jax.training.checkpoint import Checkpointer
-    from colossal_jax.training.train import _meta, build, init_state
+    from colossal_jax.training.hooks.checkpoint import checkpoint_meta as _meta
+    from colossal_jax.training.run import build, init_state
 
     case, path, (tokens, positions), want = family
     cfg = _config(case, path, MESHES["one-device"])

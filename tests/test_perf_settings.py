@@ -94,11 +94,12 @@ def test_loop_order_with_and_without_host_overlap(monkeypatch):
     times tile the loop."""
     import dataclasses
 
-    import colossal_jax.training.train as T
+    import colossal_jax.training.loop as L
+    from colossal_jax.training.trainer import train
     from tests.helpers import tiny_config
 
     events: list[str] = []
-    build, get = T.global_batch, jax.device_get
+    build, get = L.global_batch, jax.device_get
 
     def batch(run, step):
         events.append(f"b{step}")
@@ -109,7 +110,7 @@ def test_loop_order_with_and_without_host_overlap(monkeypatch):
             events.append("r")
         return get(tree)
 
-    monkeypatch.setattr(T, "global_batch", batch)
+    monkeypatch.setattr(L, "global_batch", batch)
     monkeypatch.setattr(jax, "device_get", read)
     expected = {
         "on": ["b0", "b1", "b2", "r", "b3", "r", "r", "r"],
@@ -120,7 +121,7 @@ def test_loop_order_with_and_without_host_overlap(monkeypatch):
         events.clear()
         cfg = tiny_config(steps=4, devices=2)
         cfg = dataclasses.replace(cfg, eval_every=0, host_overlap=setting)
-        summary = T.train(cfg, progress=False, log=lambda _: None)
+        summary = train(cfg, progress=False, log=lambda _: None)
         assert events[1:] == order, setting  # events[0]: the batch the step is compiled for
         assert len(summary.losses) == 4 and len(summary.step_times) == 4
         # the steps' times tile the loop up to its last read: every call and every wait for

@@ -105,8 +105,9 @@ def data_parallel_losses():
     ids=["1f1b-p2", "gpipe-p4", "interleaved-1d"],
 )
 def test_one_step_gradients_equal_the_unpipelined_ones(parallel):
-    from colossal_jax.training.train import build as build_run
-    from colossal_jax.training.train import global_batch, init_state
+    from colossal_jax.training.batches import global_batch
+    from colossal_jax.training.run import build as build_run
+    from colossal_jax.training.run import init_state
 
     run = build_run(_cfg(**parallel))
     params, _ = init_state(run)
@@ -216,12 +217,12 @@ BAD = [  # (command line, what the one error line must name)
 
 @pytest.mark.parametrize("argv,needle", BAD, ids=[b[1] for b in BAD])
 def test_impossible_pipelines_exit_2_before_compiling(argv, needle, capsys, monkeypatch):
-    import colossal_jax.training.train as train_module
+    import colossal_jax.training.loop as loop_module
 
     def no_compile(*a, **k):
         raise AssertionError("reached the compile step")
 
-    monkeypatch.setattr(train_module, "make_train_step", no_compile)
+    monkeypatch.setattr(loop_module, "make_train_step", no_compile)
     assert main(["--devices", "8", "--steps", "2", *argv.split()]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("error:"), err
@@ -229,7 +230,7 @@ def test_impossible_pipelines_exit_2_before_compiling(argv, needle, capsys, monk
 
 
 def test_stacked_parameters_split_their_layer_axis_over_pipe():
-    from colossal_jax.training.train import build as build_run
+    from colossal_jax.training.run import build as build_run
 
     run = build_run(_cfg(pipe=2, data=4, pipeline="1f1b"))
     specs = {

@@ -4,7 +4,6 @@ against fp32 (issue: breaking the memory wall, acceptance 5)."""
 from __future__ import annotations
 
 import dataclasses
-import importlib
 
 import jax
 import jax.numpy as jnp
@@ -12,9 +11,11 @@ import numpy as np
 import pytest
 
 from colossal_jax.config import ParallelConfig, TrainConfig
+from colossal_jax.training.batches import global_batch
+from colossal_jax.training.run import build, init_state
+from colossal_jax.training.steps import make_train_step
+from colossal_jax.training.trainer import train
 from tests.helpers import tiny_config
-
-T = importlib.import_module("colossal_jax.training.train")
 
 
 def _same(a, b) -> bool:
@@ -29,10 +30,10 @@ def test_fp16_overflow_skips_the_step_and_halves_the_scale(zero):
     cfg = dataclasses.replace(
         tiny_config(steps=5, batch_size=8, data=8, zero=zero), precision="fp16", eval_every=0
     )
-    run = T.build(cfg)
-    params, opt_state = T.init_state(run)
-    step = T.make_train_step(run)
-    batch = T.global_batch(run, 0)
+    run = build(cfg)
+    params, opt_state = init_state(run)
+    step = make_train_step(run)
+    batch = global_batch(run, 0)
     # force an overflow: a loss scale no fp16 backward pass survives
     huge = opt_state.loss_scale._replace(scale=jnp.float32(2.0**100))
     opt_state = opt_state._replace(loss_scale=huge)
@@ -50,7 +51,7 @@ def test_fp16_overflow_skips_the_step_and_halves_the_scale(zero):
         loss_scale=opt_state.loss_scale._replace(scale=jnp.float32(2.0**15))
     )
     for i in range(1, 3):
-        params, opt_state, out = step(params, opt_state, T.global_batch(run, i))
+        params, opt_state, out = step(params, opt_state, global_batch(run, i))
         assert np.isfinite(float(out["loss"]))
     assert int(opt_state.loss_scale.skipped) == 1
     assert not _same(params, before_p)
@@ -64,7 +65,7 @@ def test_bf16_and_fp16_track_fp32_over_50_steps_of_the_default_run():
         cfg = TrainConfig(
             steps=50, eval_every=0, precision=precision, parallel=ParallelConfig(data=8)
         )
-        return np.array(T.train(cfg, progress=False, log=lambda _: None).losses)
+        return np.array(train(cfg, progress=False, log=lambda _: None).losses)
 
     fp32 = curve("fp32")
     for precision in ("bf16", "fp16"):

@@ -5,16 +5,18 @@ and rematerialise as promised (issue: breaking the memory wall)."""
 from __future__ import annotations
 
 import dataclasses
-import importlib
 
 import jax
 import numpy as np
 import pytest
 
 from colossal_jax.analysis.hlo import analyze
+from colossal_jax.runtime.metrics import per_device_bytes
+from colossal_jax.training.batches import global_batch
+from colossal_jax.training.checkpoint import abstract_like
+from colossal_jax.training.run import build, init_state, replicated_leftovers
+from colossal_jax.training.steps import make_train_step
 from tests.helpers import losses, tiny_config
-
-T = importlib.import_module("colossal_jax.training.train")
 
 
 def _cfg(steps: int = 10, batch_size: int = 32, **kw):
@@ -75,10 +77,10 @@ def test_zero_composes_with_tensor_sequence_pipeline_and_offload(zero0_losses, k
 
 
 def _compiled_step(cfg):
-    run = T.build(cfg)
-    params = T.abstract_like(run.abstract_params, run.param_shardings)
-    opt = T.abstract_like(jax.eval_shape(run.tx.init, run.abstract_params), run.opt_shardings)
-    return run, T.make_train_step(run).lower(params, opt, T.global_batch(run, 0)).compile()
+    run = build(cfg)
+    params = abstract_like(run.abstract_params, run.param_shardings)
+    opt = abstract_like(jax.eval_shape(run.tx.init, run.abstract_params), run.opt_shardings)
+    return run, make_train_step(run).lower(params, opt, global_batch(run, 0)).compile()
 
 
 @pytest.mark.parametrize("zero", [2, 3])
@@ -140,14 +142,14 @@ def test_remat_leaves_the_losses_unchanged(zero0_losses, remat):
 def test_zero3_stores_parameters_sharded_and_lists_leftovers():
     model = {**_cfg().model_overrides, "n_embd": 66, "n_head": 3}
     cfg = dataclasses.replace(_cfg(data=8, zero=3), model_overrides=model)
-    run = T.build(cfg)
-    rest = T.replicated_leftovers(run)
+    run = build(cfg)
+    rest = replicated_leftovers(run)
     assert rest and all("/" in r for r in rest)
-    params, _ = T.init_state(run)
+    params, _ = init_state(run)
     whole = sum(leaf.size * leaf.dtype.itemsize for leaf in jax.tree.leaves(params))
     left = sum(
         leaf.size * leaf.dtype.itemsize
         for path, leaf in jax.tree_util.tree_flatten_with_path(params)[0]
         if any("/".join(str(getattr(k, "key", k)) for k in path).startswith(r) for r in rest)
     )
-    assert T.per_device_bytes(params) == pytest.approx((whole - left) / 8 + left, rel=0.01)
+    assert per_device_bytes(params) == pytest.approx((whole - left) / 8 + left, rel=0.01)

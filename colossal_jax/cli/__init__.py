@@ -119,7 +119,7 @@ def main(argv: list[str] | None = None) -> int:
         cfg = config_from_args(args, n)
         preflight.check_resume(cfg)
         _stop_if_signalled("before training started")
-        from colossal_jax.training.train import train
+        from colossal_jax.training.trainer import train
 
         notes = [note] if (note := warmup_note(cfg)) else []
         train(

@@ -78,7 +78,7 @@ def check_all_used(pmap: ParamMap, tensors: dict[str, np.ndarray], ignored: tupl
 
 
 def load_params(run: Any, directory: str | None = None) -> nnx.State:
-    """The parameters of ``run`` (a :class:`colossal_jax.training.train.Run`) from the Hugging Face
+    """The parameters of ``run`` (a :class:`colossal_jax.training.run.Run`) from the Hugging Face
     directory ``directory`` (default ``run.cfg.init_from_hf``), in ``run.param_shardings``."""
     directory = directory or run.cfg.init_from_hf
     family, config = check_hf_directory(directory, run.cfg.model)

@@ -96,3 +96,12 @@ class MetricsWriter:
             self._file.close()
         if self._tb is not None:
             self._tb.close()
+
+
+def per_device_bytes(tree: Any) -> int:
+    """Bytes of ``tree`` held by the most loaded device (from the arrays' shardings)."""
+    counts: dict[Any, int] = {}
+    for leaf in jax.tree.leaves(tree):
+        for shard in leaf.addressable_shards:
+            counts[shard.device] = counts.get(shard.device, 0) + shard.data.nbytes
+    return max(counts.values()) if counts else 0

@@ -4,7 +4,7 @@ Python's default SIGINT handling raises ``KeyboardInterrupt`` wherever the main 
 be: inside JAX's lowering, in the middle of a compilation's Python callbacks, or while orbax's
 and JAX's threads are live, and the teardown that follows can crash the interpreter
 (``Segmentation fault``). :func:`install` replaces the handlers of both signals with one that
-only records the signal; the training loop (:func:`colossal_jax.training.train.train`) looks at
+only records the signal; the training loop (:func:`colossal_jax.training.trainer.train`) looks at
 :func:`received` between steps and at the points before it (after the model is built, after the
 state is restored, after compiling), writes a checkpoint at the step reached and raises
 :class:`Interrupted`, which the command line turns into one line and exit status 130 (SIGINT) or
