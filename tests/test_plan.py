@@ -130,7 +130,7 @@ def test_init_from_hf_plan(tmp_path):
 
 def test_plan_matches_the_built_run():
     """What ``build`` derives with JAX agrees with the plan (mesh, model, schedule, shards)."""
-    from colossal_jax.training.train import build
+    from colossal_jax.training.run import build
 
     for name in ("1f1b-device-batch", "2d"):
         cfg = _cli_config(RUNS[name])
@@ -159,7 +159,7 @@ def test_runtime_devices_give_todays_memory_capacity():
 
     import jax
 
-    from colossal_jax.training.train import device_capacity
+    from colossal_jax.training.run import device_capacity
 
     host = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     devices = Devices(
@@ -189,7 +189,7 @@ def test_runtime_devices_give_todays_memory_capacity():
     ids=["devices", "mesh-too-large", "mesh-too-small"],
 )
 def test_device_count_errors_are_builds(fields):
-    from colossal_jax.training.train import build
+    from colossal_jax.training.run import build
 
     cfg = dataclasses.replace(_cli_config([]), **fields)
     with pytest.raises(ConfigError) as today:

@@ -106,7 +106,8 @@ def init_distributed(args, cluster: str | None) -> None:
     timeout = max(1, math.ceil(3 * args.peer_timeout))
     # JAX's preemption service takes SIGTERM over in C++ (for reached_preemption_sync_point),
     # so Python's handler would never see it. The steps carry every process's stop flag instead
-    # (training.batches.stop_flags): one mechanism for SIGINT and SIGTERM, agreed at the same step by all.
+    # (training.batches.stop_flags): one mechanism for SIGINT and SIGTERM, agreed at the same
+    # step by all.
     jax.config.update("jax_enable_preemption_service", False)
     if cluster is not None:
         print(f"cluster: {cluster}; jax.distributed.initialize() detects the rest", file=sys.stderr)
