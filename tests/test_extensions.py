@@ -1,7 +1,7 @@
-"""The extension points are real: a tensor mode, an optimizer, a pipeline schedule and a sequence
-mode registered from this file, without editing the library, train through ``colossal_jax.train``
-to the same losses as the built-in one they copy; the choice lists see them while they are
-registered and forget them after."""
+"""The extension points are real: a tensor mode, an optimizer and a sequence mode registered from
+this file, without editing the library, train through ``colossal_jax.train`` to the same losses
+as the built-in one they copy, and a registered pipeline schedule builds the same table as its
+original; the choice lists see them while they are registered and forget them after."""
 
 from __future__ import annotations
 
