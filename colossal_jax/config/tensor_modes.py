@@ -352,7 +352,7 @@ def takes_depth(name: str) -> bool:
     return mode is not None and mode.takes_depth
 
 
-NONE = register(
+register(
     TensorMode(
         "none",
         "no tensor parallelism: every device holds the whole model",
