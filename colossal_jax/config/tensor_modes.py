@@ -45,9 +45,14 @@ class GridShape(Protocol):
     """A tensor grid as the cost formulas read it (:class:`colossal_jax.tensor.cost.Grid`):
     ``p`` devices, side ``q``, depth ``d``."""
 
-    p: int
-    q: int
-    d: int
+    @property
+    def p(self) -> int: ...
+
+    @property
+    def q(self) -> int: ...
+
+    @property
+    def d(self) -> int: ...
 
 
 @dataclass(frozen=True)
