@@ -16,7 +16,7 @@ import tempfile
 from collections.abc import Mapping
 from pathlib import Path
 
-from colossal_jax.config import ConfigError
+from colossal_jax.config import ConfigError, optimizers
 
 TMP = tempfile.gettempdir()
 
@@ -364,7 +364,8 @@ def _check_same_optimizer_state(cfg, optim: dict, precision: str | None, where: 
     or off, SGD momentum on or off, fp16 loss scaling or not (``optim``, ``precision``: the
     saved run's)."""
     name = optim.get("name")
-    momentum = name in ("sgd",)  # optax.sgd keeps a momentum trace only when b1 > 0
+    saved_optimizer = optimizers.TABLE.find(name)  # b1 shapes a momentum-from-b1 state
+    momentum = saved_optimizer is not None and saved_optimizer.momentum_from_b1
     for flag, old, new, same in (
         ("--optimizer", name, cfg.optim.name, lambda a, b: a == b),
         (

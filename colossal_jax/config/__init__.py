@@ -10,6 +10,10 @@ The names a script needs are re-exported here; the modules are:
   :class:`OptimConfig`;
 - :mod:`~colossal_jax.config.mesh_spec`: ``--mesh`` strings and the TOML presets;
 - :mod:`~colossal_jax.config.families`: the model-family registry the zoo registers into;
+- the registries of :mod:`~colossal_jax.config.tensor_modes`,
+  :mod:`~colossal_jax.config.seq_modes`, :mod:`~colossal_jax.config.pipelines` and
+  :mod:`~colossal_jax.config.optimizers` (one registered object per mode, schedule or
+  optimizer; :mod:`~colossal_jax.config.registry` is their table);
 - the rules, beside what they govern: :mod:`~colossal_jax.config.parallel_rules` (mesh, modes,
   pipeline, sequence split), :mod:`~colossal_jax.config.tensor_split` (what each tensor mode
   divides), :mod:`~colossal_jax.config.train_rules` (training, optimizer and tool flags) and

@@ -1,6 +1,16 @@
-"""The mesh axes and the valid values of every choice-valued setting (JAX-free constants)."""
+"""The mesh axes and the valid values of every choice-valued setting (JAX-free constants).
+
+:data:`TENSOR_MODES`, :data:`SEQ_MODES`, :data:`PIPELINES` and :data:`OPTIMIZERS` are live views
+of the names in their registries (:mod:`~colossal_jax.config.tensor_modes`,
+:mod:`~colossal_jax.config.seq_modes`, :mod:`~colossal_jax.config.pipelines`,
+:mod:`~colossal_jax.config.optimizers`), in registration order: a mode registered later is in
+them.
+"""
 
 from __future__ import annotations
+
+from colossal_jax.config import optimizers, pipelines, seq_modes, tensor_modes
+from colossal_jax.config.registry import Names
 
 AXES: tuple[str, ...] = ("data", "pipe", "tensor_row", "tensor_col", "tensor_depth", "seq")
 """The six mesh axes, in the order they are printed. Device order puts tensor axes innermost."""
@@ -8,19 +18,20 @@ AXES: tuple[str, ...] = ("data", "pipe", "tensor_row", "tensor_col", "tensor_dep
 MESH_ORDER: tuple[str, ...] = ("data", "pipe", "seq", "tensor_depth", "tensor_row", "tensor_col")
 """Axis order of the physical mesh: data outermost (crosses hosts), tensor innermost (NVLink)."""
 
-TENSOR_MODES = ("none", "1d", "2d", "2.5d", "3d")
+TENSOR_MODES: Names = tensor_modes.TABLE.names()
+"""``--tensor-mode``: the registered tensor modes."""
 ATTENTION_IMPLS = ("auto", "xla", "cudnn")
-SEQ_MODES = ("none", "ring", "ulysses", "ring-self-attention")
+SEQ_MODES: Names = seq_modes.TABLE.names()
+"""``--seq-mode``: the registered sequence modes."""
 PRECISIONS = ("fp32", "bf16", "fp16")
 REMATS = ("none", "dots", "full", "selective", "offload")
 OFFLOADS = ("none", "optimizer", "params")
-PIPELINES = ("none", "gpipe", "1f1b", "interleaved")
-OPTIMIZERS = ("adamw", "lamb", "lars", "sgd")
+PIPELINES: Names = pipelines.TABLE.names()
+"""``--pipeline``: the registered pipeline schedules."""
+OPTIMIZERS: Names = optimizers.TABLE.names()
+"""``--optimizer``: the registered optimizers."""
 
 TENSOR_AXES = ("tensor_row", "tensor_col", "tensor_depth")
-
-
-COLLECTIVE_MATMUL_MODES = ("1d", "2d", "2.5d", "3d")
 
 
 MAX_PEER_TIMEOUT = 3600

@@ -16,6 +16,7 @@ from typing import Any
 from colossal_jax.config.choices import AXES
 from colossal_jax.config.errors import ConfigError
 from colossal_jax.config.parallel_rules import factor_tensor
+from colossal_jax.config.tensor_modes import takes_depth
 
 MESH_PACKAGE = "colossal_jax_meshes"
 """The package whose ``*.toml`` files are the mesh presets (the repository's ``meshes/``)."""
@@ -63,7 +64,7 @@ def parse_mesh(
                 "own axes); omit --tensor-depth"
             )
         return _load_preset(preset, n_devices)
-    if tensor_depth is not None and (tensor_mode != "2.5d" or spec is None):
+    if tensor_depth is not None and (not takes_depth(tensor_mode) or spec is None):
         raise ConfigError(_depth_alone(tensor_depth, spec, tensor_mode))
     if spec is None:
         return {"data": n_devices} if n_devices is not None else {}

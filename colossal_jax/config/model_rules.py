@@ -9,9 +9,13 @@ import dataclasses
 import math
 from typing import TYPE_CHECKING, Any
 
+from colossal_jax.config import optimizers
 from colossal_jax.config.choices import DIGITS_SHAPE, IMAGE_DATA, MASKED_LM_MIN_SEQ, MAY_BE_ZERO
 from colossal_jax.config.errors import ConfigError
+from colossal_jax.config.optimizers import optimizer
 from colossal_jax.config.parallel_rules import check_seq_split, check_ulysses_heads, uses_zigzag
+from colossal_jax.config.seq_modes import seq_mode
+from colossal_jax.config.tensor_modes import tensor_mode
 from colossal_jax.config.tensor_split import (
     _near,
     batch_shards,
@@ -38,9 +42,7 @@ def state_bytes(cfg: TrainConfig, m: Any) -> float:
     does not count. No activations, so a model this refuses cannot fit whatever the
     activations."""
     par, n = cfg.parallel, param_count(m)
-    slots = {"adamw": 2, "lamb": 2, "lars": 1, "sgd": 1 if cfg.optim.b1 else 0}.get(
-        cfg.optim.name, 2
-    )
+    slots = optimizer(cfg.optim.name).state_slots(cfg.optim.b1)
     split = par.tensor_size * par.pipe
 
     def over_data(from_stage: int) -> int:
@@ -218,7 +220,7 @@ def check_run(cfg: TrainConfig, model: Any) -> None:
     if par.pipelined:
         _check_pipeline_split(cfg, model, split)
     tensor = split_of(par)
-    if par.seq_mode == "ulysses" and par.seq > 1:
+    if seq_mode(par.seq_mode).splits_heads and par.seq > 1:
         check_ulysses_heads(model.n_head, par.seq, tensor.divisor("heads"))
     try:
         check_split(
@@ -375,17 +377,21 @@ def check_baseline(cfg: TrainConfig, baseline: str) -> None:
             "drop --set model.position or use --baseline none"
         )
     if baseline == "torch":
-        if cfg.optim.name != "adamw":
+        if not optimizer(cfg.optim.name).torch_baseline:
+            torch = "|".join(optimizers.TABLE.names(lambda o: o.torch_baseline))
             raise ConfigError(
                 f"--baseline torch trains with AdamW only, not --optimizer {cfg.optim.name}; "
-                "use --optimizer adamw or --baseline plain-jax"
+                f"use --optimizer {torch} or --baseline plain-jax"
             )
         return
     par = cfg.parallel
     unmirrored = [
         (par.pipe > 1, f"pipe={par.pipe}"),
         (par.seq > 1, f"seq={par.seq}"),
-        (par.tensor_mode not in ("none", "1d", "2d"), f"--tensor-mode {par.tensor_mode}"),
+        (
+            not tensor_mode(par.tensor_mode).plain_jax_baseline,
+            f"--tensor-mode {par.tensor_mode}",
+        ),
         (par.zero != 0, f"--zero {par.zero}"),
         (cfg.remat not in ("none", "dots"), f"--remat {cfg.remat}"),
         (cfg.offload != "none", f"--offload {cfg.offload}"),

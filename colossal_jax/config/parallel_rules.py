@@ -9,17 +9,14 @@ condition.
 
 from __future__ import annotations
 
-import math
 from typing import TYPE_CHECKING, Any
 
-from colossal_jax.config.choices import (
-    COLLECTIVE_MATMUL_MODES,
-    PIPELINES,
-    SEQ_MODES,
-    TENSOR_AXES,
-    TENSOR_MODES,
-)
-from colossal_jax.config.errors import ConfigError, choice
+from colossal_jax.config import pipelines, seq_modes, tensor_modes
+from colossal_jax.config.choices import TENSOR_AXES
+from colossal_jax.config.errors import ConfigError
+from colossal_jax.config.pipelines import pipeline_schedule
+from colossal_jax.config.seq_modes import seq_mode
+from colossal_jax.config.tensor_modes import tensor_mode
 
 if TYPE_CHECKING:
     from colossal_jax.config.schema import ParallelConfig
@@ -30,10 +27,7 @@ def check_parallel(par: ParallelConfig, n_devices: int | None = None) -> None:
     for a, n in par.axis_sizes.items():
         if not isinstance(n, int) or n < 1:
             raise ConfigError(f"mesh axis {a}={n!r} must be a positive integer")
-    if par.tensor_mode not in TENSOR_MODES:
-        raise ConfigError(choice("--tensor-mode", par.tensor_mode, TENSOR_MODES))
-    if par.seq_mode not in SEQ_MODES:
-        raise ConfigError(choice("--seq-mode", par.seq_mode, SEQ_MODES))
+    tensor, seq = tensor_mode(par.tensor_mode), seq_mode(par.seq_mode)
     if par.zero not in (0, 1, 2, 3):
         raise ConfigError(f"--zero {par.zero} is not a ZeRO stage; use 0, 1, 2 or 3")
     check_pipeline(par)
@@ -42,37 +36,24 @@ def check_parallel(par: ParallelConfig, n_devices: int | None = None) -> None:
             f"the mesh {par.short()} has {par.size} devices but {n_devices} are available; "
             f"make the axis sizes multiply to {n_devices} (e.g. data={n_devices})"
         )
-    if par.tensor_mode == "none" and par.tensor_size > 1:
+    if not tensor.splits_tensor and par.tensor_size > 1:
         raise ConfigError(
-            f"tensor axes {par.short(TENSOR_AXES)} are set "
-            "but --tensor-mode is none; pass --tensor-mode 1d|2d|2.5d|3d"
+            f"tensor axes {par.short(TENSOR_AXES)} are set but --tensor-mode is {tensor.name}; "
+            f"pass --tensor-mode {'|'.join(tensor_modes.splitting_modes())}"
         )
-    check_grid(par.tensor_mode, par.tensor_row, par.tensor_col, par.tensor_depth)
+    tensor.check_grid(par.tensor_row, par.tensor_col, par.tensor_depth)
     check_collective_matmul(par)
-    if par.seq_mode == "none" and par.seq > 1:
+    if not seq.splits_sequence and par.seq > 1:
         raise ConfigError(
-            f"seq={par.seq} but --seq-mode is none; pass --seq-mode ring|ulysses|"
-            "ring-self-attention"
+            f"seq={par.seq} but --seq-mode is {seq.name}; pass --seq-mode "
+            f"{'|'.join(seq_modes.splitting_modes())}"
         )
 
 
 def check_grid(mode: str, r: int, c: int, d: int) -> None:
-    """The grid shape ``mode`` needs from tensor_row × tensor_col × tensor_depth = r × c × d."""
-    if mode == "2d" and (r != c or d != 1):
-        raise ConfigError(
-            f"2d needs a square grid tensor_row == tensor_col and tensor_depth=1, got "
-            f"tensor_row={r}, tensor_col={c}, tensor_depth={d}; e.g. tensor_row=2,tensor_col=2"
-        )
-    if mode == "2.5d" and r != c:
-        raise ConfigError(
-            f"2.5d needs tensor_row == tensor_col (a q×q grid stacked tensor_depth times), got "
-            f"tensor_row={r}, tensor_col={c}"
-        )
-    if mode == "3d" and not (r == c == d):
-        raise ConfigError(
-            f"3d needs a cube tensor_row == tensor_col == tensor_depth, got {r}×{c}×{d}; "
-            "e.g. tensor=8 gives 2×2×2"
-        )
+    """The grid shape ``mode`` needs from tensor_row × tensor_col × tensor_depth = r × c × d
+    (:meth:`~colossal_jax.config.tensor_modes.TensorMode.check_grid`)."""
+    tensor_mode(mode).check_grid(r, c, d)
 
 
 def check_collective_matmul(par: ParallelConfig) -> None:
@@ -83,12 +64,13 @@ def check_collective_matmul(par: ParallelConfig) -> None:
             f"--collective-matmul {par.collective_matmul!r} is not on or off; e.g. "
             "--collective-matmul on"
         )
-    if par.collective_matmul and par.tensor_mode not in COLLECTIVE_MATMUL_MODES:
+    if par.collective_matmul and not tensor_mode(par.tensor_mode).splits_tensor:
+        splitting = tensor_modes.splitting_modes()
         raise ConfigError(
             f"--collective-matmul on decomposes the collectives of tensor-parallel linears, but "
-            f"--tensor-mode is {par.tensor_mode}; use --tensor-mode "
-            f"{'|'.join(COLLECTIVE_MATMUL_MODES)} (e.g. --mesh tensor=8 --tensor-mode 1d "
-            "--collective-matmul on) or --collective-matmul off"
+            f"--tensor-mode is {par.tensor_mode}; use --tensor-mode {'|'.join(splitting)} (e.g. "
+            f"--mesh tensor=8 --tensor-mode {splitting[0]} --collective-matmul on) or "
+            "--collective-matmul off"
         )
 
 
@@ -104,48 +86,18 @@ def check_ring_blocks(mode: str, what: str, size: int, n: int) -> None:
 
 def factor_tensor(total: int, mode: str, depth: int | None) -> dict[str, int]:
     """Split the shorthand ``tensor=N`` into tensor_row/col/depth for ``mode`` (the grid-shape
-    rule for a total), or raise naming a total that factors."""
-    if mode in ("none", "1d"):
-        if mode == "none" and total > 1:
-            raise ConfigError(
-                f"--mesh tensor={total} needs --tensor-mode 1d|2d|2.5d|3d to say how to split it; "
-                f"e.g. --mesh tensor={total} --tensor-mode 1d"
-            )
-        return {"tensor_row": total}
-    if mode == "2d":
-        q = math.isqrt(total)
-        if q * q != total:
-            raise ConfigError(
-                f"tensor={total} is not a square, as 2d needs (q×q); use tensor={q * q} or "
-                f"{(q + 1) ** 2}"
-            )
-        return {"tensor_row": q, "tensor_col": q}
-    if mode == "2.5d":
-        d = depth or 1
-        if total % d:
-            raise ConfigError(f"tensor={total} is not divisible by --tensor-depth {d}")
-        q = math.isqrt(total // d)
-        if q * q * d != total:
-            raise ConfigError(
-                f"tensor={total} is not q×q×{d} for any q; 2.5d needs tensor = q²·depth "
-                f"(e.g. tensor={4 * d} for q=2)"
-            )
-        return {"tensor_row": q, "tensor_col": q, "tensor_depth": d}
-    if mode == "3d":
-        q = round(total ** (1 / 3))
-        if q**3 != total:
-            raise ConfigError(f"tensor={total} is not a cube, as 3d needs (q×q×q); use 8 or 64")
-        return {"tensor_row": q, "tensor_col": q, "tensor_depth": q}
-    raise ConfigError(choice("--tensor-mode", mode, TENSOR_MODES))
+    rule for a total, :meth:`~colossal_jax.config.tensor_modes.TensorMode.factor`), or raise
+    naming a total that factors."""
+    return tensor_mode(mode).factor(total, depth)
 
 
 def check_pipeline(par: ParallelConfig) -> None:
     """The pipeline rules that need no model (the layer count is in :func:`check_run`)."""
-    p, name, v = par.pipe, par.pipeline, par.virtual_stages
-    if name not in PIPELINES:
-        raise ConfigError(choice("--pipeline", name, PIPELINES))
+    p, v = par.pipe, par.virtual_stages
+    schedule = pipeline_schedule(par.pipeline)
+    name = schedule.name
     if p == 1:
-        if name != "none":
+        if schedule.pipelined:
             raise ConfigError(
                 f"--pipeline {name} needs a pipe axis; add pipe=N to --mesh (e.g. "
                 "--mesh pipe=2,data=4) or use --pipeline none"
@@ -155,9 +107,10 @@ def check_pipeline(par: ParallelConfig) -> None:
                 "--microbatches/--virtual-stages apply to pipelines; add pipe=N to --mesh"
             )
         return
-    if name == "none":
+    if not schedule.pipelined:
         raise ConfigError(
-            f"pipe={p} needs a schedule; use --pipeline 1f1b (the default), gpipe or interleaved"
+            f"pipe={p} needs a schedule; use --pipeline {'|'.join(_schedules(lambda s: True))}, "
+            "or omit --pipeline for the default"
         )
     m = par.num_microbatches
     if m < p:
@@ -165,36 +118,44 @@ def check_pipeline(par: ParallelConfig) -> None:
             f"--microbatches {m} is smaller than pipe={p}: the pipeline would never fill; "
             f"use --microbatches {p} or more (e.g. {2 * p})"
         )
-    if name == "interleaved":
+    if schedule.virtual:
         if v < 2:
+            plain = "|".join(_schedules(lambda s: not s.virtual))
             raise ConfigError(
-                f"--pipeline interleaved needs --virtual-stages 2 or more, got {v}; use "
-                "--virtual-stages 2 (or --pipeline 1f1b)"
+                f"--pipeline {name} needs --virtual-stages 2 or more, got {v}; use "
+                f"--virtual-stages 2 (or --pipeline {plain})"
             )
         if m % p:
             raise ConfigError(
-                f"--pipeline interleaved sends microbatches in groups of pipe={p}; "
+                f"--pipeline {name} sends microbatches in groups of pipe={p}; "
                 f"--microbatches {m} is not a multiple of {p}; use --microbatches "
                 f"{p * max(1, round(m / p))}"
             )
     elif v != 1:
         raise ConfigError(
-            f"--virtual-stages {v} needs --pipeline interleaved (got --pipeline {name})"
+            f"--virtual-stages {v} needs --pipeline {'|'.join(_schedules(lambda s: s.virtual))} "
+            f"(got --pipeline {name})"
         )
+
+
+def _schedules(where) -> tuple[str, ...]:
+    """The names of the pipelined schedules ``where`` accepts."""
+    return tuple(pipelines.TABLE.names(lambda s: s.pipelined and where(s)))
 
 
 def check_axes_for_modes(par: ParallelConfig) -> None:
     """A sequence or tensor mode needs its axes in the mesh."""
-    if par.seq_mode != "none" and par.seq == 1:
+    seq, tensor = seq_mode(par.seq_mode), tensor_mode(par.tensor_mode)
+    if seq.splits_sequence and par.seq == 1:
         raise ConfigError(
-            f"--seq-mode {par.seq_mode} needs a seq axis, but the mesh {par.short()} has "
+            f"--seq-mode {seq.name} needs a seq axis, but the mesh {par.short()} has "
             f"seq=1; add one, e.g. --mesh data=2,seq=4, or omit --seq-mode"
         )
-    if par.tensor_mode != "none" and par.tensor_size == 1:
+    if tensor.splits_tensor and par.tensor_size == 1:
         raise ConfigError(
-            f"--tensor-mode {par.tensor_mode} needs tensor axes, but the mesh {par.short()} "
-            f"has none; add them, e.g. --mesh tensor=4 --tensor-mode {par.tensor_mode}"
-            f"{' --tensor-depth 1' if par.tensor_mode == '2.5d' else ''}, or omit --tensor-mode"
+            f"--tensor-mode {tensor.name} needs tensor axes, but the mesh {par.short()} "
+            f"has none; add them, e.g. --mesh tensor=4 --tensor-mode {tensor.name}"
+            f"{' --tensor-depth 1' if tensor.takes_depth else ''}, or omit --tensor-mode"
         )
 
 
@@ -211,7 +172,7 @@ def uses_zigzag(par: ParallelConfig, model: Any) -> bool:
     Without the mask every device already does the same ``p`` blocks, so a bidirectional model
     keeps the contiguous order (the plain ring), which needs ``seq_len`` divisible by ``seq``
     only, not ``2·seq``."""
-    return par.seq_mode == "ring" and par.seq > 1 and is_causal(model)
+    return seq_mode(par.seq_mode).zigzag and par.seq > 1 and is_causal(model)
 
 
 def check_seq_split(seq_len: int, seq: int, *, zigzag: bool) -> None:

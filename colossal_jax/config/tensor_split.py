@@ -1,5 +1,7 @@
 """What each tensor mode splits: the model dimensions it divides, its head split and the batch
-pieces it adds (:class:`TensorSplit`), with the rules that check a model against them.
+pieces it adds (:class:`TensorSplit`, each mode's own
+:meth:`~colossal_jax.config.tensor_modes.TensorMode.split`), with the rules that check a model
+against them.
 
 The layouts (which own the specs) and these numbers are kept in step by
 ``tests/test_tensor_kernels.py``.
@@ -7,10 +9,10 @@ The layouts (which own the specs) and these numbers are kept in step by
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from colossal_jax.config.errors import ConfigError
+from colossal_jax.config.tensor_modes import TensorSplit, tensor_mode
 
 if TYPE_CHECKING:
     from colossal_jax.config.schema import ParallelConfig
@@ -25,51 +27,11 @@ def _near(x: int, candidates: list[int]) -> list[int]:
 # ---- tensor split: what each mode divides -------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class TensorSplit:
-    """What a tensor mode on a given grid splits.
-
-    Attributes:
-      what: the split as messages name it (``2d on a 2×2 grid``).
-      divisors: ``(dimension, divisor)`` pairs the model dimensions must divide by, dimensions
-        named ``hidden size``, ``heads``, ``mlp width`` and ``vocab size``; one that is absent
-        is not split. ``heads`` is also the head split of attention and ``vocab size`` the
-        split of the embedding tables' first dimension (learned positions too).
-      batch: pieces the mode itself splits the batch into (times the ``data`` axis).
-    """
-
-    what: str
-    divisors: tuple[tuple[str, int], ...]
-    batch: int
-
-    def divisor(self, name: str) -> int:
-        return dict(self.divisors).get(name, 1)
-
-
 def tensor_split(mode: str, r: int = 1, c: int = 1, d: int = 1) -> TensorSplit:
     """The :class:`TensorSplit` of ``mode`` on tensor_row × tensor_col × tensor_depth =
-    ``r × c × d``. The layouts (which own the specs) and these numbers are kept in step by
-    ``tests/test_tensor_kernels.py``."""
-    if mode == "1d":
-        p = r * c * d
-        return TensorSplit(
-            f"1d tensor parallelism over {p} devices",
-            (("heads", p), ("mlp width", p), ("vocab size", p)),
-            1,
-        )
-    if mode in ("2d", "2.5d"):
-        return TensorSplit(
-            f"{mode} on a {r}×{r} grid",
-            (("hidden size", r), ("heads", r), ("mlp width", r), ("vocab size", r)),
-            r * (d if mode == "2.5d" else 1),
-        )
-    if mode == "3d":
-        return TensorSplit(
-            f"3d on a {r}×{r}×{r} cube",
-            (("hidden size", r * r), ("mlp width", r * r), ("heads", r), ("vocab size", r)),
-            r * r,
-        )
-    return TensorSplit("no tensor split", (), 1)
+    ``r × c × d`` (:meth:`~colossal_jax.config.tensor_modes.TensorMode.split`). The layouts (which
+    own the specs) and these numbers are kept in step by ``tests/test_tensor_kernels.py``."""
+    return tensor_mode(mode).split(r, c, d)
 
 
 def split_of(par: ParallelConfig) -> TensorSplit:
@@ -126,20 +88,6 @@ def kv_heads_of(model: Any) -> int:
     return model.n_head if kv is None else kv
 
 
-def _sizes_for_head_split(mode: str, splits: list[int], depth: int = 1) -> str:
-    """Tensor-group sizes of ``mode`` whose attention head split is one of ``splits``."""
-    if mode == "1d":
-        return "tensor ∈ {" + ", ".join(map(str, splits)) + "}"
-    if mode == "2d":
-        return "tensor (q×q) ∈ {" + ", ".join(str(n * n) for n in splits) + "}"
-    if mode == "2.5d":
-        sizes = ", ".join(str(n * n * depth) for n in splits)
-        return f"tensor (q×q×depth, depth={depth}) ∈ {{{sizes}}}"
-    if mode == "3d":
-        return "tensor (q×q×q) ∈ {" + ", ".join(str(n**3) for n in splits) + "}"
-    return "tensor_mode none"
-
-
 def check_kv_heads(mode: str, heads: int, kv_heads: int, head_split: int, depth: int = 1) -> None:
     """Grouped-query attention (Ainslie et al. 2023): ``kv_heads`` divides ``heads``, and every
     device of the ``head_split``-way head split holds whole K/V heads (``kv_heads`` divisible by
@@ -157,5 +105,6 @@ def check_kv_heads(mode: str, heads: int, kv_heads: int, head_split: int, depth:
         raise ConfigError(
             f"{mode} splits attention heads {head_split} ways, but kv_heads={kv_heads} is not "
             f"divisible by {head_split} (each device must hold whole key/value heads); use "
-            f"{_sizes_for_head_split(mode, ok, depth)}, or n_kv_head divisible by {head_split}"
+            f"{tensor_mode(mode).sizes_for_head_split(ok, depth)}, or n_kv_head divisible by "
+            f"{head_split}"
         )

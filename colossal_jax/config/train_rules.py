@@ -14,12 +14,13 @@ from colossal_jax.config.choices import (
     HOST_OVERLAP,
     MAX_PEER_TIMEOUT,
     OFFLOADS,
-    OPTIMIZERS,
     PRECISIONS,
     REMATS,
 )
 from colossal_jax.config.errors import ConfigError, choice
+from colossal_jax.config.optimizers import optimizer
 from colossal_jax.config.parallel_rules import check_axes_for_modes
+from colossal_jax.config.seq_modes import seq_mode
 from colossal_jax.config.xla_presets import PRESETS
 
 if TYPE_CHECKING:
@@ -44,14 +45,13 @@ def check_train(cfg: TrainConfig) -> None:
     if cfg.attention not in ATTENTION_IMPLS:
         raise ConfigError(choice("--attention", cfg.attention, ATTENTION_IMPLS))
     par = cfg.parallel
-    if cfg.attention == "cudnn" and par.seq > 1 and par.seq_mode in ("ring", "ring-self-attention"):
+    if cfg.attention == "cudnn" and par.seq > 1 and not seq_mode(par.seq_mode).position_order:
         raise ConfigError(
             f"--attention cudnn cannot run inside --seq-mode {par.seq_mode} (its "
             "blocks are masked by position and combined by log-sum-exp); use --attention auto "
             "or --seq-mode ulysses"
         )
-    if cfg.optim.name not in OPTIMIZERS:
-        raise ConfigError(choice("--optimizer", cfg.optim.name, OPTIMIZERS))
+    optimizer(cfg.optim.name)  # a registered one, or ConfigError naming them
     if not (math.isfinite(cfg.optim.lr) and cfg.optim.lr > 0):
         raise ConfigError(f"--lr {cfg.optim.lr} must be positive and finite (e.g. --lr 3e-3)")
     check_optim(cfg.optim)

@@ -23,66 +23,43 @@ from flax import nnx
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from colossal_jax.config import ConfigError, ParallelConfig
+from colossal_jax.config import ParallelConfig, seq_modes
+from colossal_jax.config.seq_modes import seq_mode
+from colossal_jax.config.tensor_modes import tensor_mode
 from colossal_jax.layers.stack import LAYER_AXIS
 from colossal_jax.tensor.layout import ActivationAxes, LocalAttention, TensorLayout
-from colossal_jax.tensor.replicated import ReplicatedLayout
 
 
 def make_layout(cfg: ParallelConfig, mesh: Mesh) -> TensorLayout:
-    """The tensor layout of ``cfg.tensor_mode`` on ``mesh`` (with collective matmuls when
-    ``cfg.collective_matmul``)."""
+    """The layout of the registered tensor mode ``cfg.tensor_mode`` on ``mesh``
+    (:mod:`colossal_jax.config.tensor_modes`), with collective matmuls when
+    ``cfg.collective_matmul`` (a mode that splits the model takes the flag)."""
     act = ActivationAxes(batch=("data",), seq="seq")
-    mode = cfg.tensor_mode
-    cm = cfg.collective_matmul
-    if mode == "none":
-        return ReplicatedLayout(mesh, act)
-    if mode == "1d":
-        from colossal_jax.tensor.one_d import OneDLayout
-
-        return OneDLayout(mesh, act, collective_matmul=cm)
-    if mode == "2d":
-        from colossal_jax.tensor.two_d import TwoDLayout
-
-        return TwoDLayout(mesh, act, collective_matmul=cm)
-    if mode == "2.5d":
-        from colossal_jax.tensor.two_p5d import TwoP5DLayout
-
-        return TwoP5DLayout(mesh, act, collective_matmul=cm)
-    if mode == "3d":
-        from colossal_jax.tensor.three_d import ThreeDLayout
-
-        return ThreeDLayout(mesh, act, collective_matmul=cm)
-    raise ConfigError(f"--tensor-mode {mode!r} is unknown")
+    mode = tensor_mode(cfg.tensor_mode)
+    layout = mode.layout_class()
+    if mode.splits_tensor:
+        return layout(mesh, act, collective_matmul=cfg.collective_matmul)
+    return layout(mesh, act)
 
 
 def make_local_attention(cfg: ParallelConfig, *, implementation: str = "auto") -> LocalAttention:
-    """The per-device attention kernel of ``cfg.seq_mode`` (run inside the layout's shard_map).
-    The mask is not the mode's: each attention layer passes its own ``causal`` (and padding
-    travels as negative positions), :data:`colossal_jax.tensor.layout.LocalAttention`.
+    """The per-device attention kernel of the registered sequence mode ``cfg.seq_mode``
+    (:mod:`colossal_jax.config.seq_modes`), run inside the layout's shard_map; with ``seq=1``,
+    the kernel without a sequence split whatever the mode. The mask is not the mode's: each
+    attention layer passes its own ``causal`` (and padding travels as negative positions),
+    :data:`colossal_jax.tensor.layout.LocalAttention`.
 
     ``implementation`` (``auto | xla | cudnn``) chooses the block kernel where token order is
     position order (no sequence split, Ulysses): ``auto`` is cuDNN flash attention on a GPU in
     bf16/fp16 and the XLA reference otherwise (:mod:`colossal_jax.sequence.fused`).
     """
-    mode = cfg.seq_mode
-    if mode == "none" or cfg.seq == 1:
-        from colossal_jax.sequence.fused import fused_attention
-
-        return functools.partial(fused_attention, implementation=implementation)
-    if mode == "ring":
-        from colossal_jax.sequence.ring import ring_attention
-
-        return functools.partial(ring_attention, axis_name="seq")
-    if mode == "ulysses":
-        from colossal_jax.sequence.ulysses import ulysses_attention
-
-        return functools.partial(ulysses_attention, axis_name="seq", implementation=implementation)
-    if mode == "ring-self-attention":
-        from colossal_jax.sequence.ring_self_attention import ring_self_attention
-
-        return functools.partial(ring_self_attention, axis_name="seq")
-    raise ConfigError(f"--seq-mode {mode!r} is unknown")
+    mode = seq_mode(cfg.seq_mode) if cfg.seq > 1 else seq_modes.LOCAL
+    options: dict[str, str] = {}
+    if mode.splits_sequence:
+        options["axis_name"] = "seq"
+    if mode.position_order:
+        options["implementation"] = implementation
+    return functools.partial(mode.kernel_function(), **options)
 
 
 def role_spec(layout: TensorLayout, role: str) -> P:

@@ -3,7 +3,9 @@ and which model chunk runs forward or backward.
 
 A schedule is built in two steps, both plain Python:
 
-1. **Order.** Each stage gets the ordered list of its operations ``(F|B, microbatch, chunk)``:
+1. **Order.** Each stage gets the ordered list of its operations ``(F|B, microbatch, chunk)``
+   from the registered schedule's order function (:mod:`colossal_jax.config.pipelines`; any
+   order that respects the dependencies below is timed and allocated the same way):
    - GPipe (Huang et al. 2019): every forward, then every backward.
    - 1F1B (Narayanan et al. 2021, PipeDream-Flush): ``p − s − 1`` warm-up forwards on stage
      ``s``, then one forward and one backward alternately, then the remaining backwards. A stage
@@ -32,7 +34,10 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-SCHEDULES = ("gpipe", "1f1b", "interleaved")
+from colossal_jax.config.pipelines import TABLE, pipeline_schedule
+
+SCHEDULES = TABLE.names(lambda schedule: schedule.pipelined)
+"""The names of the registered schedules that run a pipeline (a live view)."""
 
 IDLE, FORWARD, BACKWARD = 0, 1, 2
 
@@ -132,25 +137,36 @@ class Schedule:
 
 
 def stage_orders(name: str, p: int, m: int, v: int = 1) -> list[list[Op]]:
-    """Each stage's operations in execution order (global chunk indices)."""
-    if name == "gpipe":
-        return [
-            [Op(FORWARD, i, s) for i in range(m)] + [Op(BACKWARD, i, s) for i in range(m)]
-            for s in range(p)
-        ]
-    if name == "1f1b":
-        orders = []
-        for s in range(p):
-            warm = min(p - s - 1, m)
-            ops = [Op(FORWARD, i, s) for i in range(warm)]
-            for i in range(m - warm):
-                ops += [Op(FORWARD, warm + i, s), Op(BACKWARD, i, s)]
-            ops += [Op(BACKWARD, i, s) for i in range(m - warm, m)]
-            orders.append(ops)
-        return orders
-    if name == "interleaved":
-        return [_interleaved_order(s, p, m, v) for s in range(p)]
-    raise ValueError(f"schedule {name!r} is not one of {', '.join(SCHEDULES)}")
+    """Each stage's operations in execution order (global chunk indices), from the registered
+    schedule ``name``'s order function (:mod:`colossal_jax.config.pipelines`)."""
+    return pipeline_schedule(name).order_function()(p, m, v)
+
+
+def gpipe_order(p: int, m: int, v: int = 1) -> list[list[Op]]:
+    """GPipe: on every stage, every microbatch's forward, then every backward."""
+    return [
+        [Op(FORWARD, i, s) for i in range(m)] + [Op(BACKWARD, i, s) for i in range(m)]
+        for s in range(p)
+    ]
+
+
+def one_f_one_b_order(p: int, m: int, v: int = 1) -> list[list[Op]]:
+    """1F1B: ``p − s − 1`` warm-up forwards on stage ``s``, then one forward and one backward in
+    turn, then the remaining backwards."""
+    orders = []
+    for s in range(p):
+        warm = min(p - s - 1, m)
+        ops = [Op(FORWARD, i, s) for i in range(warm)]
+        for i in range(m - warm):
+            ops += [Op(FORWARD, warm + i, s), Op(BACKWARD, i, s)]
+        ops += [Op(BACKWARD, i, s) for i in range(m - warm, m)]
+        orders.append(ops)
+    return orders
+
+
+def interleaved_order(p: int, m: int, v: int) -> list[list[Op]]:
+    """Interleaved 1F1B: Megatron-LM's order on every stage (``v`` chunks per stage)."""
+    return [_interleaved_order(s, p, m, v) for s in range(p)]
 
 
 def _interleaved_order(s: int, p: int, m: int, v: int) -> list[Op]:
@@ -187,8 +203,9 @@ def build(name: str, stages: int, microbatches: int, virtual_stages: int = 1) ->
         raise ValueError(f"a pipeline needs at least 2 stages, got {p}")
     if m < 1:
         raise ValueError(f"a pipeline needs at least one microbatch, got {m}")
-    if name != "interleaved" and v != 1:
-        raise ValueError(f"--virtual-stages {v} needs --pipeline interleaved")
+    if not pipeline_schedule(name).virtual and v != 1:
+        virtual = "|".join(TABLE.names(lambda schedule: schedule.virtual))
+        raise ValueError(f"--virtual-stages {v} needs --pipeline {virtual}")
     orders = stage_orders(name, p, m, v)
     timeline = _simulate(orders, p, m, v)
     table, slots, peak = _allocate(timeline, p, v)

@@ -1,4 +1,5 @@
-"""Closed-form communication volume of the tensor-parallel modes (docs/formulas.md).
+"""Closed-form communication volume of the tensor-parallel modes (docs/formulas.md), composed
+from each registered mode's formulas (:mod:`colossal_jax.config.tensor_modes`).
 
 Elements received per device, forward + backward, with autodiff keeping gathered operands as
 residuals; multiply by the dtype size for bytes. ``M`` = tokens, ``N`` → ``K`` the linear's
@@ -9,10 +10,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from colossal_jax.config import tensor_modes
+from colossal_jax.config.tensor_modes import tensor_mode
+
 
 @dataclass(frozen=True)
 class Grid:
-    """A tensor-parallel grid: ``q`` the side, ``d`` the depth (2.5D), ``p`` the device count."""
+    """A tensor-parallel grid of the registered mode ``mode``: ``q`` the side, ``d`` the depth
+    (2.5D), ``p`` the device count."""
 
     mode: str
     p: int
@@ -20,77 +25,36 @@ class Grid:
     d: int = 1
 
     def describe(self) -> str:
-        if self.mode == "1d":
-            return f"p={self.p}"
-        if self.mode == "2d":
-            return f"q={self.q}"
-        if self.mode == "2.5d":
-            return f"q={self.q},d={self.d}"
-        if self.mode == "3d":
-            return f"q={self.q}"
-        return "p=1"
+        return tensor_mode(self.mode).describe_grid(self)
 
     def mesh(self) -> dict[str, int]:
         """Tensor-axis sizes of this grid."""
-        if self.mode == "1d":
-            return {"tensor_row": self.p}
-        if self.mode == "2d":
-            return {"tensor_row": self.q, "tensor_col": self.q}
-        if self.mode == "2.5d":
-            return {"tensor_row": self.q, "tensor_col": self.q, "tensor_depth": self.d}
-        if self.mode == "3d":
-            return {"tensor_row": self.q, "tensor_col": self.q, "tensor_depth": self.q}
-        return {}
+        return tensor_mode(self.mode).grid_axes(self)
 
 
 def grids(n: int) -> list[Grid]:
-    """Every mode that fits ``n`` devices exactly, with its grid (2.5D: the largest side q with
-    a depth d = n/q² > 1)."""
-    if n == 1:
-        return [Grid("none", 1)]
-    out = [Grid("1d", n)]
-    q = round(n**0.5)
-    if q * q == n:
-        out.append(Grid("2d", n, q=q))
-    for q in range(int(n**0.5), 1, -1):
-        if n % (q * q) == 0 and n // (q * q) > 1:
-            out.append(Grid("2.5d", n, q=q, d=n // (q * q)))
-            break
-    c = round(n ** (1 / 3))
-    if c**3 == n:
-        out.append(Grid("3d", n, q=c))
+    """Every registered mode that fits ``n`` devices exactly, with its grid
+    (:meth:`~colossal_jax.config.tensor_modes.TensorMode.fit`; 2.5D: the largest side q with a
+    depth d = n/q² > 1)."""
+    out = []
+    for mode in tensor_modes.TABLE:
+        fit = mode.fit(n)
+        if fit is not None:
+            out.append(Grid(mode.name, n, q=fit[0], d=fit[1]))
     return out
 
 
 def linear_elements(grid: Grid, m: int, n: int, k: int, *, row_parallel: bool = False) -> float:
-    """One linear ``[m, n] @ [n, k]``, forward + backward (docs/formulas.md §2.1). For 1D,
+    """One linear ``[m, n] @ [n, k]``, forward + backward (docs/formulas.md §2.1), by the mode's
+    formula (:meth:`~colossal_jax.config.tensor_modes.TensorMode.linear_elements`). For 1D,
     ``row_parallel`` picks the row (all-reduce of the output) rather than the column form."""
-    p, q, d = grid.p, grid.q, grid.d
-    if grid.mode == "none":
-        return 0.0
-    if grid.mode == "1d":
-        return 2 * m * (k if row_parallel else n) * (p - 1) / p
-    if grid.mode == "2d":
-        return 2 * (q - 1) / q**2 * (m * n + n * k)
-    if grid.mode == "2.5d":
-        return (
-            2 * (q - 1) / (d * q**2) * m * n
-            + 2 * (q - 1) / q**2 * n * k
-            + 2 * (d - 1) / (d * q**2) * n * k
-        )
-    if grid.mode == "3d":
-        return 2 * (q - 1) / q**3 * (m * n + n * k + m * k)
-    raise ValueError(f"unknown tensor mode {grid.mode!r}")
+    return tensor_mode(grid.mode).linear_elements(grid, m, n, k, row_parallel=row_parallel)
 
 
 def layer_norm_elements(grid: Grid, m: int) -> float:
     """One split LayerNorm, forward + backward: the statistics (Σx, Σx²) of the local rows are
     all-reduced over the axes splitting the hidden dimension, once forward and once backward."""
-    if grid.mode in ("none", "1d"):
-        return 0.0
-    q = grid.q
-    rows = m / (q * grid.d) if grid.mode in ("2d", "2.5d") else m / (q * q)
-    return 2 * (2 * 2 * rows * (q - 1) / q)
+    return tensor_mode(grid.mode).layer_norm_elements(grid, m)
 
 
 def mlp_elements(grid: Grid, m: int, h: int, width: int) -> float:

@@ -25,6 +25,7 @@ import optax
 from flax import nnx
 
 from colossal_jax.config import OptimConfig
+from colossal_jax.config.optimizers import optimizer
 from colossal_jax.layers.stack import is_stacked
 
 
@@ -142,41 +143,51 @@ def scale_by_lars(
     return optax.GradientTransformation(init_fn, update_fn)
 
 
+# ---- the registered optimizers' transforms (colossal_jax.config.optimizers) ---------------------
+
+
+def adamw(cfg: OptimConfig, lr: optax.Schedule) -> list[optax.GradientTransformation]:
+    """AdamW, decaying matrices only."""
+    return [
+        optax.adamw(
+            lr, b1=cfg.b1, b2=cfg.b2, eps=cfg.eps, weight_decay=cfg.weight_decay, mask=matrix_mask
+        )
+    ]
+
+
+def lamb(cfg: OptimConfig, lr: optax.Schedule) -> list[optax.GradientTransformation]:
+    """LAMB: bias-corrected Adam moments, decay, the per-layer trust ratio (matrices only)."""
+    return [
+        optax.scale_by_adam(b1=cfg.b1, b2=cfg.b2, eps=cfg.eps),
+        optax.add_decayed_weights(cfg.weight_decay, mask=matrix_mask),
+        optax.masked(scale_by_layer_trust_ratio(), matrix_mask),
+        optax.scale_by_learning_rate(lr),
+    ]
+
+
+def lars(cfg: OptimConfig, lr: optax.Schedule) -> list[optax.GradientTransformation]:
+    """LARS: the paper's local rate (matrices only), then momentum ``b1``."""
+    return [
+        optax.masked(scale_by_lars(cfg.weight_decay, cfg.lars_trust), matrix_mask),
+        optax.trace(decay=cfg.b1),
+        optax.scale_by_learning_rate(lr),
+    ]
+
+
+def sgd(cfg: OptimConfig, lr: optax.Schedule) -> list[optax.GradientTransformation]:
+    """SGD with decay on matrices, and momentum ``b1`` when it is above 0."""
+    return [
+        optax.add_decayed_weights(cfg.weight_decay, mask=matrix_mask),
+        optax.sgd(lr, momentum=cfg.b1 or None),
+    ]
+
+
 def make_optimizer(cfg: OptimConfig, total_steps: int) -> optax.GradientTransformation:
-    """The optax chain for ``cfg``: clipping, then the optimizer with its schedule."""
-    lr = schedule(cfg, total_steps)
+    """The optax chain for ``cfg``: clipping, then the registered optimizer ``cfg.name``'s
+    transforms (:mod:`colossal_jax.config.optimizers`) with the schedule."""
+    transform = optimizer(cfg.name).transform_function()
     parts: list[optax.GradientTransformation] = []
     if cfg.clip_norm > 0:
         parts.append(optax.clip_by_global_norm(cfg.clip_norm))
-    if cfg.name == "adamw":
-        parts.append(
-            optax.adamw(
-                lr,
-                b1=cfg.b1,
-                b2=cfg.b2,
-                eps=cfg.eps,
-                weight_decay=cfg.weight_decay,
-                mask=matrix_mask,
-            )
-        )
-    elif cfg.name == "lamb":
-        parts += [
-            optax.scale_by_adam(b1=cfg.b1, b2=cfg.b2, eps=cfg.eps),
-            optax.add_decayed_weights(cfg.weight_decay, mask=matrix_mask),
-            optax.masked(scale_by_layer_trust_ratio(), matrix_mask),
-            optax.scale_by_learning_rate(lr),
-        ]
-    elif cfg.name == "lars":
-        parts += [
-            optax.masked(scale_by_lars(cfg.weight_decay, cfg.lars_trust), matrix_mask),
-            optax.trace(decay=cfg.b1),
-            optax.scale_by_learning_rate(lr),
-        ]
-    elif cfg.name == "sgd":
-        parts += [
-            optax.add_decayed_weights(cfg.weight_decay, mask=matrix_mask),
-            optax.sgd(lr, momentum=cfg.b1 or None),
-        ]
-    else:
-        raise ValueError(f"optimizer {cfg.name!r} is not one of adamw, lamb, lars, sgd")
+    parts += transform(cfg, schedule(cfg, total_steps))
     return optax.chain(*parts)
