@@ -4,8 +4,9 @@ The run is rebuilt from the checkpoint's metadata (its architecture) on the mesh
 the training machinery: one plan per window shape (:func:`colossal_jax.checks.resolve.resolve`,
 where the mesh and the model are checked) built by :func:`colossal_jax.training.run.build` (mesh,
 tensor layout, sequence mode, parameter shardings); only the parameters are restored
-(:func:`checkpoint.restore_params`), straight into those shardings. Each new token is one jitted forward of the model as it trains
-(every layer routed to the layout), followed by temperature / top-k sampling.
+(:func:`checkpoint.restore_params`), straight into those shardings. Each new token is one jitted
+forward of the model as it trains (every layer routed to the layout), followed by temperature /
+top-k sampling.
 
 Decoding recomputes the whole window: the sequence is a fixed ``S = min(trained length,
 round_up(prompt + new tokens))`` padded tokens (one compile; the trained length is the

@@ -153,13 +153,14 @@ def test_plan_is_frozen_and_hashable():
 
 
 def test_runtime_devices_give_todays_memory_capacity():
-    """A :class:`Devices` filled from JAX as the runtime will fill it has the capacity that
-    ``train.device_capacity`` measures today, and the memory floor refuses alike."""
+    """:func:`current_devices` fills a :class:`Devices` from JAX: the host's memory shared by
+    the simulated CPU devices (what the memory floor was measured with before the plan), and the
+    memory floor refuses alike through the plan."""
     import os
 
     import jax
 
-    from colossal_jax.training.run import device_capacity
+    from colossal_jax.runtime.devices import current_devices
 
     host = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     devices = Devices(
@@ -168,8 +169,9 @@ def test_runtime_devices_give_todays_memory_capacity():
         memory_bytes=host,
         memory_shared_by=jax.local_device_count(),
     )
+    assert current_devices() == devices
     for size in (1, 4, 8):
-        assert devices.capacity(size) == device_capacity(size)
+        assert devices.capacity(size) == (host, min(size, jax.local_device_count()))
     cfg = dataclasses.replace(_cli_config(["--model", "gpt3-175b"]), seq_len=128)
     small = Devices(count=8, memory_bytes=4 * 2**30, memory_shared_by=8)
     with pytest.raises(ConfigError) as today:
