@@ -528,8 +528,7 @@ def main(argv: list[str] | None = None) -> int:
         cli.preflight.check_args(args)
         devices_set = cli._setup_devices(args)
         cli.apply_xla_preset(args.xla_preset)
-        if (known := cli.devices_before_jax(args, devices_set)) is not None:
-            cli.check_before_jax(args, known)
+        cli.plan_before_jax(args, devices_set, cluster=None)
         import jax
 
         n = jax.device_count()

@@ -1,11 +1,12 @@
 """Sampling text from a causal language model checkpoint, on any mesh.
 
 The run is rebuilt from the checkpoint's metadata (its architecture) on the mesh asked for, with
-the training machinery (:func:`colossal_jax.training.run.build`: mesh, tensor layout, sequence
-mode,
-parameter shardings); only the parameters are restored (:func:`checkpoint.restore_params`),
-straight into those shardings. Each new token is one jitted forward of the model as it trains
-(every layer routed to the layout), followed by temperature / top-k sampling.
+the training machinery: one plan per window shape (:func:`colossal_jax.checks.resolve.resolve`,
+where the mesh and the model are checked) built by :func:`colossal_jax.training.run.build` (mesh,
+tensor layout, sequence mode, parameter shardings); only the parameters are restored
+(:func:`checkpoint.restore_params`), straight into those shardings. Each new token is one jitted
+forward of the model as it trains (every layer routed to the layout), followed by temperature /
+top-k sampling.
 
 Decoding recomputes the whole window: the sequence is a fixed ``S = min(trained length,
 round_up(prompt + new tokens))`` padded tokens (one compile; the trained length is the
@@ -35,7 +36,7 @@ from typing import Any
 
 from colossal_jax.config import ConfigError, OptimConfig, ParallelConfig, TrainConfig
 from colossal_jax.config.flags import flag, values_of
-from colossal_jax.config.parallel_rules import check_axes_for_modes, check_parallel, uses_zigzag
+from colossal_jax.config.parallel_rules import uses_zigzag
 from colossal_jax.config.tensor_split import batch_shards
 from colossal_jax.config.train_rules import check_sampling
 
@@ -149,15 +150,18 @@ class Sampler:
 
     def _build(self, rows: int, seq_len: int, sampling: Sampling):
         """The run (mesh, shardings) for ``rows × seq_len`` windows, the restored parameters
-        and the jitted step of ``sampling``; each built once."""
+        and the jitted step of ``sampling``; each built once, from its one resolved plan."""
         import jax
 
+        from colossal_jax.checks.resolve import resolve
+        from colossal_jax.runtime.devices import current_devices
         from colossal_jax.training.checkpoint import abstract_like, restore_params
         from colossal_jax.training.run import build
 
         shape = (rows, seq_len)
         if shape not in self._runs:
-            run = build(dataclasses.replace(self.base, batch_size=rows, seq_len=seq_len))
+            window_cfg = dataclasses.replace(self.base, batch_size=rows, seq_len=seq_len)
+            run = build(resolve(window_cfg, current_devices()))
             if self._params is None:  # the window shape changes no sharding: restore once
                 target = abstract_like(run.abstract_params, run.param_shardings)
                 self._params, _ = restore_params(self.checkpoint_dir, target, self.step)
@@ -307,9 +311,10 @@ def build_parser():
 
 def parallel_from_args(args, n_devices: int) -> ParallelConfig:
     """The mesh of ``--mesh/--tensor-mode/--tensor-depth/--seq-mode``, read as ``train.py``
-    reads them (:func:`colossal_jax.cli.configure.parallel_config`), for sampling: no ZeRO
-    (inference keeps whole parameters over data) and one microbatch per pipeline stage; checked
-    against ``n_devices``."""
+    reads them (:func:`colossal_jax.cli.configure.parallel_config`) on ``n_devices``, for
+    sampling: no ZeRO (inference keeps whole parameters over data) and one microbatch per
+    pipeline stage. Not validated: the plan of each window checks it
+    (:meth:`Sampler._build`)."""
     from colossal_jax.cli.configure import parallel_config
 
     par = parallel_config(
@@ -319,10 +324,7 @@ def parallel_from_args(args, n_devices: int) -> ParallelConfig:
         tensor_mode=args.tensor_mode,
         seq_mode=args.seq_mode,
     )
-    par = dataclasses.replace(par, zero=0, microbatches=par.pipe if par.pipelined else None)
-    check_parallel(par, n_devices)
-    check_axes_for_modes(par)
-    return par
+    return dataclasses.replace(par, zero=0, microbatches=par.pipe if par.pipelined else None)
 
 
 def main(argv: list[str] | None = None) -> int:

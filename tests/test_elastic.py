@@ -11,9 +11,10 @@ import shutil
 import numpy as np
 import pytest
 
-from colossal_jax.checks.validate import check_config
 from colossal_jax.config import ConfigError, ParallelConfig
-from colossal_jax.config.model_rules import grad_accum_of
+from colossal_jax.config.model_rules import check_with_model, grad_accum_of
+from colossal_jax.config.parallel_rules import check_parallel
+from colossal_jax.config.train_rules import check_train
 from colossal_jax.training.trainer import train
 from tests.helpers import tiny_config
 
@@ -116,5 +117,7 @@ def test_device_batch_rules(batch, device_batch, grad_accum, par, message):
     cfg = _cfg(batch, device_batch, grad_accum, **par)
     model = model_config(cfg.model, **cfg.model_overrides)
     with pytest.raises(ConfigError, match=None) as info:
-        check_config(cfg, model)
+        check_parallel(cfg.parallel)
+        check_train(cfg)
+        check_with_model(cfg, model)
     assert message in str(info.value), str(info.value)

@@ -17,7 +17,7 @@ transformers = pytest.importorskip(
 )
 torch = pytest.importorskip("torch", reason="the Hugging Face bridge tests need torch")
 
-from colossal_jax.checks.validate import resolve_model  # noqa: E402
+from colossal_jax.checks.validate import size_model  # noqa: E402
 from colossal_jax.config import ConfigError, ParallelConfig, TrainConfig  # noqa: E402
 from colossal_jax.hf.checks import check_init_from_hf, model_overrides  # noqa: E402
 
@@ -195,7 +195,8 @@ def test_directory_rules(hf_dir, tmp_path):
     with pytest.raises(ConfigError, match="'t5' model.*mapped families are bert, gpt2"):
         check_init_from_hf(_config(other))
     with pytest.raises(ConfigError, match="has token ids up to 255.*vocabulary of 128"):
-        resolve_model(dataclasses.replace(_config(path), data="stdlib"), 256)
+        cfg = dataclasses.replace(_config(path), data="stdlib")
+        size_model(cfg, model_overrides(cfg), 256)
 
 
 def test_cli_flag_reports_a_bad_directory(tmp_path, capsys):

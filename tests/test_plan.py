@@ -20,15 +20,16 @@ from colossal_jax import cli
 from colossal_jax.checks import preflight
 from colossal_jax.checks import resolve as resolve_module
 from colossal_jax.checks.resolve import resolve
-from colossal_jax.checks.validate import check_config, resolve_model
+from colossal_jax.checks.validate import size_model
 from colossal_jax.config import MESH_ORDER, ConfigError, OptimConfig, ParallelConfig, TrainConfig
 from colossal_jax.config.families import MODELS, family_of, task_of
 from colossal_jax.config.model_rules import check_memory, check_with_model, grad_accum_of
-from colossal_jax.config.parallel_rules import uses_zigzag
+from colossal_jax.config.parallel_rules import check_parallel, uses_zigzag
 from colossal_jax.config.plan import Devices, Plan
 from colossal_jax.config.tensor_split import batch_shards, split_of
-from colossal_jax.config.train_rules import host_overlap
+from colossal_jax.config.train_rules import check_train, host_overlap
 from colossal_jax.data.tasks import data_vocab, load_text
+from colossal_jax.hf.checks import check_init_from_hf, model_overrides
 
 ROOT = Path(__file__).resolve().parent.parent
 TINY = {"n_layer": 2, "n_embd": 64, "n_head": 4, "block_size": 64}
@@ -72,7 +73,7 @@ def _assert_derived_as_today(plan: Plan, cfg: TrainConfig) -> None:
     par = cfg.parallel
     corpus = load_text(task_of(cfg.model), cfg.data)  # what build reads
     vocab = corpus.vocab_size if corpus is not None else None
-    model = resolve_model(cfg, vocab)
+    model = size_model(cfg, model_overrides(cfg), vocab)
     assert plan.config == cfg
     assert plan.model == model
     assert plan.data_vocab == vocab == data_vocab(task_of(cfg.model), cfg.data)
@@ -153,13 +154,14 @@ def test_plan_is_frozen_and_hashable():
 
 
 def test_runtime_devices_give_todays_memory_capacity():
-    """A :class:`Devices` filled from JAX as the runtime will fill it has the capacity that
-    ``train.device_capacity`` measures today, and the memory floor refuses alike."""
+    """:func:`current_devices` fills a :class:`Devices` from JAX: the host's memory shared by
+    the simulated CPU devices (what the memory floor was measured with before the plan), and the
+    memory floor refuses alike through the plan."""
     import os
 
     import jax
 
-    from colossal_jax.training.run import device_capacity
+    from colossal_jax.runtime.devices import current_devices
 
     host = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     devices = Devices(
@@ -168,12 +170,13 @@ def test_runtime_devices_give_todays_memory_capacity():
         memory_bytes=host,
         memory_shared_by=jax.local_device_count(),
     )
+    assert current_devices() == devices
     for size in (1, 4, 8):
-        assert devices.capacity(size) == device_capacity(size)
+        assert devices.capacity(size) == (host, min(size, jax.local_device_count()))
     cfg = dataclasses.replace(_cli_config(["--model", "gpt3-175b"]), seq_len=128)
     small = Devices(count=8, memory_bytes=4 * 2**30, memory_shared_by=8)
     with pytest.raises(ConfigError) as today:
-        check_memory(cfg, resolve_model(cfg, 256), *small.capacity(8))
+        check_memory(cfg, size_model(cfg, model_overrides(cfg), 256), *small.capacity(8))
     with pytest.raises(ConfigError) as now:
         resolve(cfg, small)
     assert str(now.value) == str(today.value) and "needs at least" in str(now.value)
@@ -213,21 +216,24 @@ def _base(**fields) -> TrainConfig:
 
 
 def _today(cfg: TrainConfig) -> None:
-    """Today's refusals, in the command line's order: its flags' file checks
-    (``preflight.check_args``), ``check_config`` (``config_from_args``), the model sized for the
-    data and its rules (``check_before_jax``), then ``check_resume`` (``cli.main``)."""
+    """The refusals of the rules composed by hand, in the command line's order before the plan:
+    its flags' file checks (``preflight.check_args``), the parallel, training and
+    ``--init-from-hf`` rules (``config_from_args``), the model sized for the data and its rules,
+    then ``check_resume`` (``cli.main``)."""
     for name in preflight.CHECKS:
         preflight.check_field(name, getattr(cfg, name))
-    check_config(cfg, n_devices=cfg.devices)
+    check_parallel(cfg.parallel, cfg.devices)
+    check_train(cfg)
+    check_init_from_hf(cfg)
     vocab = data_vocab(task_of(cfg.model), cfg.data) if cfg.model in MODELS else None
-    check_with_model(cfg, resolve_model(cfg, vocab))
+    check_with_model(cfg, size_model(cfg, model_overrides(cfg), vocab))
     preflight.check_resume(cfg)
 
 
 def _checkpoint(root: Path, **fields) -> str:
     """A directory holding step 5 of ``_base(**fields)`` as ``train`` records it."""
     cfg = _base(**fields)
-    model = resolve_model(cfg, 256)
+    model = size_model(cfg, model_overrides(cfg), 256)
     meta = {
         "step": 5,
         "seed": cfg.seed,

@@ -13,10 +13,10 @@ import pytest
 from flax import nnx
 
 from colossal_jax import cli
-from colossal_jax.checks.validate import check_config, resolve_model
+from colossal_jax.checks.resolve import resolve
+from colossal_jax.checks.validate import size_model
 from colossal_jax.config import ConfigError, ParallelConfig, TrainConfig
 from colossal_jax.config import families as registry
-from colossal_jax.data.tasks import data_vocab
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -70,8 +70,7 @@ def test_family_training_defaults_apply_unless_given():
 
 def _check(**fields) -> None:
     cfg = TrainConfig.for_model(**fields)
-    model = resolve_model(cfg, data_vocab(registry.task_of(cfg.model), cfg.data))
-    check_config(cfg, model, n_devices=cfg.parallel.size)
+    resolve(cfg, cfg.parallel.size)
 
 
 @pytest.mark.parametrize(
@@ -103,7 +102,7 @@ def test_runs_the_rules_accept():
     _check(model="vit-tiny")
     _check(model="bert-tiny", parallel=ParallelConfig(seq=4, seq_mode="ulysses"), seq_len=64)
     _check(model="bert-base", seq_len=64)  # 320-token vocabulary: splits 64 ways
-    assert resolve_model(TrainConfig(model="bert-tiny"), 256).vocab_size == 320
+    assert size_model(TrainConfig(model="bert-tiny"), {}, 256).vocab_size == 320
 
 
 def test_register_refuses_a_taken_name():

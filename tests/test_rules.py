@@ -10,9 +10,10 @@ from pathlib import Path
 import jax
 import pytest
 
-from colossal_jax.checks.validate import check_config
+from colossal_jax.checks.resolve import resolve
 from colossal_jax.config import ConfigError, ParallelConfig
 from colossal_jax.config.parallel_rules import check_grid
+from colossal_jax.config.plan import Devices
 from colossal_jax.config.tensor_split import batch_shards, check_kv_heads, model_divisors, split_of
 from colossal_jax.parallel.mesh import build_mesh
 from colossal_jax.parallel.sharding import make_layout
@@ -113,18 +114,15 @@ def test_one_grid_rule_for_configs_and_layouts(mode, r, c, d, match):
         check_grid(mode, r, c, d)
 
 
-def test_check_config_runs_the_run_rules_without_devices():
+def test_resolve_runs_the_run_rules_and_the_memory_floor_where_known():
     from colossal_jax.config import TrainConfig
-    from colossal_jax.config.families import model_config
 
-    cfg = TrainConfig(batch_size=6, parallel=ParallelConfig(data=4))
-    model = model_config("gpt2-tiny")
-    check_config(cfg, n_devices=4)  # no model: the run rules are not asked
     with pytest.raises(ConfigError, match="4 batch shards"):
-        check_config(cfg, model, n_devices=4)
+        resolve(TrainConfig(batch_size=6, parallel=ParallelConfig(data=4)), 4)
+    cfg = TrainConfig(batch_size=8, parallel=ParallelConfig(data=4))
+    resolve(cfg, 4)  # a count alone: the memory is unknown, its floor not asked
     with pytest.raises(ConfigError, match="a device has 0.0 GB"):
-        check_config(TrainConfig(batch_size=8, parallel=ParallelConfig(data=4)), model,
-                           memory=(1000, 1))  # fmt: skip
+        resolve(cfg, Devices(4, memory_bytes=1000))
 
 
 @pytest.mark.parametrize(

@@ -1,9 +1,11 @@
 """Checks of the command line against the file system and the launch, before JAX is imported.
 
-``cli.main`` calls :func:`check_args` right after parsing the flags, so an output path that cannot
-be written, a data file that holds no usable tokens, or an inconsistent multi-process launch is
+``cli.main`` checks the launch (:func:`check_processes`) and the flags' paths and data
+(:func:`check_field`, through :func:`colossal_jax.checks.resolve.check_files`, which remembers the
+answers for the run's resolve) right after parsing the flags, so an output path that cannot be
+written, a data file that holds no usable tokens, or an inconsistent multi-process launch is
 answered in well under a second, not after compiling (or inside ``jax.distributed.initialize``).
-The same per-field checks run again for values given with ``--set`` (:func:`check_field`). Every
+:func:`check_args` runs both for scripts that parse the same flags. Every
 failure is a :class:`ConfigError` that names the bad value and a valid alternative. Nothing here
 leaves a trace on disk: writability is probed with temporary entries that are removed at once.
 """
@@ -239,7 +241,7 @@ def architecture(name: str, overrides: dict) -> dict:
 
 def _sized_for_data(overrides: dict, data: str | None, model: str) -> dict:
     """``overrides`` with the vocabulary ``data`` gives the model ``model`` where they do not
-    set one (as ``rules.resolve_model`` sizes the model)."""
+    set one (as ``checks.validate.size_model`` sizes the model)."""
     from colossal_jax.config.families import task_of
     from colossal_jax.data.tasks import data_vocab, model_vocab
 
@@ -278,10 +280,10 @@ def check_resume(cfg, architecture=architecture, model=None) -> None:
     data order), and an optimizer whose state has the same structure (name, clipping on or off,
     SGD momentum on or off, fp16 loss scaling or not). Read from the latest checkpoint's JSON
     metadata, before JAX; the mesh, ZeRO stage, pipeline and ``--device-batch`` may differ.
-    ``architecture(name, overrides)`` is a model config as a dict. ``cli.main`` and
-    ``train.train`` both call this, so the command line and the Python API refuse alike.
-    ``model``: the run's model config when the caller has resolved it
-    (:func:`colossal_jax.checks.resolve.resolve`); otherwise it is sized here."""
+    ``architecture(name, overrides)`` is a model config as a dict. The plan's
+    resolve (:func:`colossal_jax.checks.resolve.resolve`) calls this for the command line and
+    the Python API alike. ``model``: the run's model config when the caller has resolved it;
+    otherwise it is sized here."""
     found = latest_checkpoint_meta(cfg.checkpoint_dir)
     if found is None:
         return

@@ -16,6 +16,9 @@ command line's):
 7. a checkpoint to resume must fit the run (:func:`colossal_jax.checks.preflight.check_resume`);
 8. the memory floor of the training state, when the devices' memory is known.
 
+:func:`bind` binds a plan resolved before JAX started (for a device count) to the devices JAX
+reports, running only the rules that need them.
+
 What reads a file is cached by the file's path and ``stat`` (a Hugging Face ``config.json``, a
 ``--data`` file's tokens), so a planner that resolves thousands of candidates reads each once;
 an edited file is read again. The probes of the output paths (a temporary entry created and
@@ -66,7 +69,7 @@ def resolve(config: TrainConfig, devices: Devices | int) -> Plan:
     order of this module's docstring. Raises :class:`ConfigError` naming the first bad value and
     a valid alternative."""
     devices = Devices.of(devices)
-    corpus_vocab = _check_files(config)
+    corpus_vocab = check_files(config)
     n = devices.used_by(config)
     par = config.parallel
     check_parallel(par, n)
@@ -115,15 +118,31 @@ def resolve(config: TrainConfig, devices: Devices | int) -> Plan:
     )
 
 
-def _check_files(cfg: TrainConfig) -> int | None:
-    """The fields of :data:`~colossal_jax.checks.preflight.CHECKS` (in its order), checked as
-    the command line checks its flags; returns the token ids of ``--data``
-    (:func:`~colossal_jax.data.corpus.vocab_of`, None for synthetic tokens)."""
+def bind(plan: Plan, devices: Devices) -> Plan:
+    """``plan``, resolved before JAX started (for a count of devices of unknown memory), bound
+    to the ``devices`` JAX reports. Only the rules that need them run: enough devices for the
+    run, and the memory floor when ``plan`` was resolved without the devices' memory; then
+    ``host_overlap=auto`` is decided for their platform. No device-free rule runs again."""
+    config = plan.config
+    devices.used_by(config)
+    capacity = devices.capacity(config.parallel.size)
+    if plan.devices.memory_bytes is None and capacity is not None:
+        check_memory(config, plan.model, *capacity)
+    overlap = host_overlap(config.host_overlap, devices.platform)
+    return dataclasses.replace(plan, devices=devices, host_overlap=overlap)
+
+
+def check_files(cfg: Any) -> int | None:
+    """The fields of :data:`~colossal_jax.checks.preflight.CHECKS` of ``cfg`` (a
+    :class:`TrainConfig`, or the parsed flags, which carry the same names), in its order;
+    returns the token ids of ``--data`` (:func:`~colossal_jax.data.corpus.vocab_of`, None for
+    synthetic tokens). Cached as this module's docstring says: the command line checks its
+    flags before JAX starts, and the resolve that follows reads the answers back."""
     vocab = None
     for name in CHECKS:
         value = getattr(cfg, name)
         if name == "data":
-            vocab = _corpus_vocab(value)
+            vocab = None if value is None else _corpus_vocab(value)
         elif value is not None:
             _cached(("path", name, value, _nearest(value)), partial(check_field, name, value))
     return vocab

@@ -1,8 +1,10 @@
 """Command line of ``scripts/train.py`` (also installed as ``colossal-train``).
 
 JAX is imported only after the flags are parsed, so ``--devices N`` can set XLA_FLAGS to simulate
-N host devices on a CPU, and only after every rule of :mod:`colossal_jax.config` has passed when
-the device count is known without JAX (``--devices N``, or a ``--mesh`` that names ``data``).
+N host devices on a CPU, and only after the run's plan is resolved
+(:func:`colossal_jax.checks.resolve.resolve`: every rule that needs no device, once) when the
+device count is known without JAX (``--devices N``, or a ``--mesh`` that names ``data``); JAX's
+devices then only bind it (:func:`colossal_jax.cli.launch.plan_with_jax`).
 Configuration errors print one line ``error: ...`` and exit with status 2; a non-finite loss
 stops the run with status 3 (:mod:`colossal_jax.runtime.divergence`); SIGINT and SIGTERM stop it
 after a checkpoint with status 130 and 143 (:mod:`colossal_jax.runtime.signals`), at any moment
@@ -17,12 +19,12 @@ re-exported here.
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import signal
 import sys
 
 from colossal_jax.checks import preflight
+from colossal_jax.checks.resolve import check_files
 from colossal_jax.cli.configure import FAMILY_FLAGS, config_from_args, parallel_config
 from colossal_jax.cli.launch import (
     DEFAULT_CPU_DEVICES,
@@ -30,9 +32,11 @@ from colossal_jax.cli.launch import (
     PEER_LOST_EXIT,
     _setup_devices,
     apply_xla_preset,
-    check_before_jax,
     devices_before_jax,
     init_distributed,
+    plan_before_jax,
+    plan_with_jax,
+    run_config,
 )
 from colossal_jax.cli.listing import list_meshes, list_models, model_rows, model_table
 from colossal_jax.cli.parser import build_parser
@@ -48,7 +52,6 @@ __all__ = [
     "_setup_devices",
     "apply_xla_preset",
     "build_parser",
-    "check_before_jax",
     "config_from_args",
     "devices_before_jax",
     "list_meshes",
@@ -58,8 +61,11 @@ __all__ = [
     "model_table",
     "parallel_config",
     "param_count",
+    "plan_before_jax",
+    "plan_with_jax",
     "preflight",
     "run",
+    "run_config",
 ]
 
 
@@ -96,37 +102,23 @@ def main(argv: list[str] | None = None) -> int:
         if args.list_models:
             print("\n".join(list_models()))
             return 0
-        preflight.check_args(args)
+        preflight.check_processes(args.coordinator, args.num_processes, args.process_id)
+        check_files(args)  # the flags' paths and data, at once; the resolve reads them back
         check_peer_timeout(args.peer_timeout)
         cluster = preflight.detect_cluster(
             os.environ, coordinator=args.coordinator, opt_out=args.no_cluster_detect
         )
         devices_set = _setup_devices(args)
         apply_xla_preset(args.xla_preset)
-        # in a cluster the process count comes from JAX: the checks run once it is known
-        if cluster is None and (known := devices_before_jax(args, devices_set)) is not None:
-            check_before_jax(args, known)
-        import jax
-
+        plan = plan_before_jax(args, devices_set, cluster)
         if args.coordinator is not None or cluster is not None:
             init_distributed(args, cluster)
-        available = jax.device_count()
-        n = available
-        if args.devices is not None and jax.default_backend() != "cpu":
-            if args.devices > available:
-                raise ConfigError(f"--devices {args.devices} but only {available} are available")
-            n = args.devices
-        cfg = config_from_args(args, n)
-        preflight.check_resume(cfg)
+        plan = plan_with_jax(args, plan)
         _stop_if_signalled("before training started")
         from colossal_jax.training.trainer import train
 
-        notes = [note] if (note := warmup_note(cfg)) else []
-        train(
-            dataclasses.replace(cfg, devices=n),
-            progress=not args.no_progress,
-            log=_log_after(notes),
-        )
+        notes = [note] if (note := warmup_note(plan.config)) else []
+        train(plan, progress=not args.no_progress, log=_log_after(notes))
         return 0
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)

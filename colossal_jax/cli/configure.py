@@ -5,7 +5,8 @@ with too).
 A flag sets the field it was generated from (:func:`colossal_jax.config.flags.values_of`); a
 flag whose default comes from the model family and was not given takes the family's value
 (``colossal_jax_models.registry.train_defaults``), the family's other defaults apply, and then
-``--set`` overrides any field. The result passes every rule that needs no devices' memory.
+``--set`` overrides any field. The result is not validated here: resolving it
+(:func:`colossal_jax.checks.resolve.resolve`) runs every rule, once.
 """
 
 from __future__ import annotations
@@ -13,8 +14,6 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from colossal_jax.checks import preflight
-from colossal_jax.checks.validate import check_config
 from colossal_jax.config import (
     ConfigError,
     OptimConfig,
@@ -66,8 +65,9 @@ def parallel_config(
 
 
 def config_from_args(args, n_devices: int) -> TrainConfig:
-    """The run of the parsed ``scripts/train.py`` flags on ``n_devices`` devices, checked by
-    :func:`colossal_jax.checks.validate.check_config`."""
+    """The run of the parsed ``scripts/train.py`` flags on ``n_devices`` devices (the mesh a
+    ``--mesh`` leaves open is sized for them); an unknown ``--model`` or ``--set`` item is a
+    :class:`ConfigError` here, every other rule runs when the run is resolved."""
     given = {f.field: getattr(args, f.dest) for f in flags_of(ParallelConfig)}
     parallel = parallel_config(args.mesh, n_devices, args.tensor_depth, **given)
     _check_model_name(args.model)
@@ -79,7 +79,6 @@ def config_from_args(args, n_devices: int) -> TrainConfig:
     cfg = dataclasses.replace(cfg, **_other_family_defaults(family))
     cfg = _apply_sets(cfg, args.set)
     _check_model_name(cfg.model)
-    check_config(cfg, n_devices=n_devices)
     return cfg
 
 
@@ -133,7 +132,6 @@ def _apply_sets(cfg: TrainConfig, sets: list[str]) -> TrainConfig:
                 )
             example = getattr(cfg, name)
             cfg = dataclasses.replace(cfg, **{name: _coerce(key, value, types_[name], example)})
-            preflight.check_field(name, getattr(cfg, name))
     return dataclasses.replace(cfg, model_overrides=model_over)
 
 

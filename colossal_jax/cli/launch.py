@@ -1,20 +1,23 @@
 """What ``scripts/train.py`` does around JAX's start: the host devices to simulate and the XLA
 flags (``--devices``, ``--xla-preset``: both must be in ``XLA_FLAGS`` before JAX is imported), the
-device count where it is known without JAX and every device-free rule checked against it, and the
-multi-process runtime with its peer watchdog (``--coordinator``, or a detected cluster).
+run's plan (:func:`colossal_jax.checks.resolve.resolve`, once: before JAX starts where the device
+count is known without JAX, then only bound to the devices JAX reports; after JAX starts
+otherwise), and the multi-process runtime with its peer watchdog (``--coordinator``, or a
+detected cluster).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 import re
 import sys
 
-from colossal_jax.checks.validate import resolve_model
+from colossal_jax.checks.resolve import bind, resolve
 from colossal_jax.cli.configure import config_from_args
 from colossal_jax.config import AXES, ConfigError, TrainConfig, parse_mesh
-from colossal_jax.config.model_rules import check_with_model
+from colossal_jax.config.plan import Devices, Plan
 from colossal_jax.config.train_rules import check_xla_preset
 from colossal_jax.runtime import signals
 
@@ -78,16 +81,39 @@ def devices_before_jax(args, devices_set: bool) -> int | None:
     return math.prod(sizes.get(a, 1) for a in AXES) if "data" in sizes else None
 
 
-def check_before_jax(args, n_devices: int) -> TrainConfig:
-    """Every rule of :mod:`colossal_jax.config` for the run (the model sized for ``--data``),
-    except the memory floor, which needs the devices' memory."""
-    from colossal_jax.config.families import task_of
-    from colossal_jax.data.tasks import data_vocab
+def run_config(args, n_devices: int) -> TrainConfig:
+    """The run of the parsed flags (:func:`~colossal_jax.cli.configure.config_from_args`) on
+    ``n_devices`` devices, all of which it uses."""
+    return dataclasses.replace(config_from_args(args, n_devices), devices=n_devices)
 
-    cfg = config_from_args(args, n_devices)
-    model = resolve_model(cfg, data_vocab(task_of(cfg.model), cfg.data))
-    check_with_model(cfg, model)
-    return cfg
+
+def plan_before_jax(args, devices_set: bool, cluster: str | None) -> Plan | None:
+    """The run's plan, resolved before JAX starts where the device count is known without JAX
+    (:func:`devices_before_jax`; never in a ``cluster``, whose processes JAX counts), for that
+    many devices of unknown memory; None otherwise."""
+    if cluster is not None:
+        return None
+    known = devices_before_jax(args, devices_set)
+    return None if known is None else resolve(run_config(args, known), Devices(known))
+
+
+def plan_with_jax(args, plan: Plan | None) -> Plan:
+    """The run's plan on the devices JAX started with (all of them, or ``--devices N`` of an
+    accelerator's): ``plan`` from :func:`plan_before_jax` bound to them, which runs only the
+    rules that need them (:func:`~colossal_jax.checks.resolve.bind`); resolved now where no
+    plan was made before JAX, or where it was made for another count (a ``--mesh`` that does
+    not cover an accelerator's devices, which the resolve refuses)."""
+    from colossal_jax.runtime.devices import current_devices
+
+    devices = current_devices()
+    n = devices.count
+    if args.devices is not None and devices.platform != "cpu":
+        if args.devices > n:
+            raise ConfigError(f"--devices {args.devices} but only {n} are available")
+        n = args.devices
+    if plan is not None and plan.n_devices == n:
+        return bind(plan, devices)
+    return resolve(run_config(args, n), devices)
 
 
 def init_distributed(args, cluster: str | None) -> None:

@@ -325,7 +325,7 @@ def _check_pipeline_split(cfg: TrainConfig, model: Any, split: int) -> None:
 def check_memory(cfg: TrainConfig, model: Any, capacity: int, sharing: int = 1) -> None:
     """Refuse a model whose training state alone exceeds the memory: ``capacity`` bytes shared by
     ``sharing`` devices (simulated CPU devices share the host's memory). The caller measures the
-    capacity (``training.run.validate_run`` asks the devices)."""
+    capacity (``checks.resolve`` reads it from the plan's devices)."""
     need = state_bytes(cfg, model)
     if need * sharing <= capacity:
         return

@@ -357,7 +357,7 @@ class TrainConfig:
         model nor files (:func:`~colossal_jax.config.parallel_rules.check_parallel`,
         :func:`~colossal_jax.config.train_rules.check_train`). The rules that read a model, a
         Hugging Face directory or the file system run when a run is resolved
-        (:func:`colossal_jax.checks.validate.check_config`)."""
+        (:func:`colossal_jax.checks.resolve.resolve`)."""
         check_parallel(self.parallel)
         check_train(self)
 

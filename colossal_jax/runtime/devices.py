@@ -1,4 +1,6 @@
-"""Simulated CPU devices for scripts and notebooks: set XLA's flag before JAX starts its backends.
+"""The devices of this run: simulated CPU devices set up before JAX starts its backends
+(:func:`simulate_cpu_devices`), and the devices JAX reports once it has, as the plain numbers a
+plan is resolved for (:func:`current_devices`).
 
 Nothing here imports JAX at module level: ``simulate_cpu_devices`` must run before anything asks
 JAX for its devices (``jax.devices()``, creating an array, building a mesh), because XLA reads
@@ -13,7 +15,32 @@ import sys
 
 from colossal_jax.config import ConfigError
 from colossal_jax.config.plan import DEVICE_COUNT_FLAG as _FLAG
+from colossal_jax.config.plan import Devices
 from colossal_jax.config.plan import devices_hint as devices_hint
+
+
+def current_devices() -> Devices:
+    """The devices JAX has started with, as a :class:`Devices`: every process's count, the
+    backend, and the memory of the first local device (its ``bytes_limit``, or on a CPU the
+    host's memory shared by the simulated local devices; unknown otherwise)."""
+    import jax
+
+    device = jax.local_devices()[0]
+    stats = device.memory_stats() or {}
+    memory, shared_by = None, 1
+    if "bytes_limit" in stats:
+        memory = int(stats["bytes_limit"])
+    elif device.platform == "cpu" and hasattr(os, "sysconf"):
+        memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+        shared_by = jax.local_device_count()
+    return Devices(
+        count=jax.device_count(),
+        platform=jax.default_backend(),
+        memory_bytes=memory,
+        memory_shared_by=shared_by,
+        process_count=jax.process_count(),
+        process_index=jax.process_index(),
+    )
 
 
 def backends_initialized() -> bool:

@@ -1,9 +1,10 @@
-"""A run built before any step executes: the config checked, the model resolved, the mesh, every
+"""A run built before any step executes from its resolved :class:`Plan`: the mesh, every
 sharding, the optimizer and the data, and the state created (or restored) in those shardings.
 
-Data flow: ``TrainConfig`` (validated) → mesh → layout → model built abstractly → shardings
-from parameter roles (+ ZeRO over ``data``) → parameters and optimizer state initialised
-directly in their shardings, or restored from the latest checkpoint.
+Data flow: ``Plan`` (:func:`colossal_jax.checks.resolve.resolve`: the config validated, the
+model resolved) → mesh → layout → model built abstractly → shardings from parameter roles (+ ZeRO
+over ``data``) → parameters and optimizer state initialised directly in their shardings, or
+restored from the latest checkpoint.
 """
 
 from __future__ import annotations
@@ -19,17 +20,16 @@ import optax
 from flax import nnx
 from jax.sharding import NamedSharding
 
-from colossal_jax.checks.validate import resolve_model
+from colossal_jax.checks.resolve import resolve
 from colossal_jax.config import ConfigError, TrainConfig, xla_presets
 from colossal_jax.config.families import Family, ModelConfig, family_of
-from colossal_jax.config.model_rules import check_with_model, grad_accum_of
-from colossal_jax.config.parallel_rules import uses_zigzag
+from colossal_jax.config.plan import Plan
 from colossal_jax.data.tasks import TaskBatches, load_text, make_batches
-from colossal_jax.parallel.mesh import build_mesh
+from colossal_jax.parallel.mesh import mesh_of
 from colossal_jax.parallel.sharding import make_layout, make_local_attention, tree_shardings
 from colossal_jax.parallel.step import stack_layer_dims
 from colossal_jax.parallel.zero import leftovers, zero_dims
-from colossal_jax.runtime.devices import devices_hint
+from colossal_jax.runtime.devices import current_devices
 from colossal_jax.tensor.layout import LocalAttention, TensorLayout
 from colossal_jax.training.checkpoint import Checkpointer, abstract_like
 from colossal_jax.training.optim import make_optimizer
@@ -40,12 +40,14 @@ HOST = "pinned_host"
 
 @dataclass
 class Run:
-    """Everything built for a run, before any step executes: ``model`` is the resolved config
-    of ``family`` (:mod:`colossal_jax.config.families`), ``batches``/``eval_batches`` its task's
-    data (:mod:`colossal_jax.data.tasks`), ``data_note`` a line about the data to print, or None.
+    """Everything built for a run, before any step executes: ``plan`` is what it was built
+    from (``cfg`` is ``plan.config``), ``model`` the resolved config of ``family``
+    (:mod:`colossal_jax.config.families`), ``batches``/``eval_batches`` its task's data
+    (:mod:`colossal_jax.data.tasks`), ``data_note`` a line about the data to print, or None.
     ``param_shardings``/``opt_shardings`` are where the state lives between steps (the host's
     memory with ``--offload``), ``device_*_shardings`` where the step computes on it."""
 
+    plan: Plan
     cfg: TrainConfig
     model: ModelConfig
     mesh: jax.sharding.Mesh
@@ -70,15 +72,26 @@ class Run:
 
     @property
     def task(self) -> str:
-        return family_of(self.cfg.model).task
+        return self.plan.task
 
 
-def build(cfg: TrainConfig) -> Run:
-    """Validate ``cfg`` against the devices and the model, and derive every sharding."""
-    family, corpus, model, devices = _resolve(cfg)
-    mesh = build_mesh(cfg.parallel, devices)
+def build(plan: Plan | TrainConfig) -> Run:
+    """The run of ``plan``: its mesh over the first ``plan.n_devices`` devices, the layout, the
+    model built abstractly, every sharding, the optimizer and the data. A :class:`TrainConfig`
+    is resolved first, once, for the devices JAX has (:func:`~colossal_jax.checks.resolve.
+    resolve` with :func:`~colossal_jax.runtime.devices.current_devices`). Nothing the plan
+    settled is validated again; only what needs the backend is checked here: an
+    ``--xla-preset`` in effect, and the attention kernel."""
+    if isinstance(plan, TrainConfig):
+        plan = resolve(plan, current_devices())
+    cfg, model = plan.config, plan.model
+    if cfg.xla_preset is not None:
+        xla_presets.check_applied(cfg.xla_preset)
+    family = family_of(cfg.model)
+    corpus = load_text(plan.task, cfg.data)
+    mesh = mesh_of(plan)
     layout = make_layout(cfg.parallel, mesh)
-    validate_run(cfg, model, layout)
+    _check_attention(cfg, layout)
     local_attention = make_local_attention(cfg.parallel, implementation=cfg.attention)
 
     abstract_model = nnx.eval_shape(lambda: family.build(model, rngs=nnx.Rngs(cfg.seed)))
@@ -88,14 +101,15 @@ def build(cfg: TrainConfig) -> Run:
         from colossal_jax.training.loss_scale import with_dynamic_scale
 
         tx = with_dynamic_scale(tx)
-    shardings = _state_shardings(cfg, layout, abstract_params, tx)
+    shardings = _state_shardings(plan, layout, abstract_params, tx)
     order = None
-    if uses_zigzag(cfg.parallel, model):
+    if plan.zigzag:
         from colossal_jax.sequence.zigzag import zigzag_permutation
 
         order = zigzag_permutation(cfg.seq_len, cfg.parallel.seq)
-    batches, eval_batches, data_note = make_batches(cfg, family.task, model, corpus, order)
+    batches, eval_batches, data_note = make_batches(cfg, plan.task, model, corpus, order)
     return Run(
+        plan=plan,
         cfg=cfg,
         model=model,
         mesh=mesh,
@@ -106,9 +120,9 @@ def build(cfg: TrainConfig) -> Run:
         batch_sharding=NamedSharding(mesh, layout.token_spec()),
         tx=tx,
         batches=batches,
-        schedule=_schedule(cfg),
+        schedule=_schedule(plan),
         eval_batches=eval_batches,
-        zero_dims=zero_dims(abstract_params, layout, layer_entry=_layer_entry(cfg)),
+        zero_dims=zero_dims(abstract_params, layout, layer_entry=plan.layer_entry),
         layer_dims=stack_layer_dims(graphdef, abstract_params, layout),
         family=family,
         data_note=data_note,
@@ -116,73 +130,23 @@ def build(cfg: TrainConfig) -> Run:
     )
 
 
-def _resolve(cfg: TrainConfig) -> tuple[Family, Any, ModelConfig, list[jax.Device]]:
-    """The one place where a run's config is validated and its model resolved: ``(family, the
-    text corpus or None, the resolved model config, the devices the mesh uses)``."""
-    cfg.validate()
-    if cfg.xla_preset is not None:
-        xla_presets.check_applied(cfg.xla_preset)
-    family = family_of(cfg.model)
-    corpus = load_text(family.task, cfg.data)
-    model = resolve_model(cfg, corpus.vocab_size if corpus is not None else None)
-    devices = jax.devices()
-    wanted = cfg.devices if cfg.devices is not None else cfg.parallel.size
-    if wanted > len(devices):
-        what = (
-            f"--devices {cfg.devices}"
-            if cfg.devices is not None
-            else (f"the mesh {cfg.parallel.short()} needs {wanted} devices")
-        )
-        hint = f"; {devices_hint(wanted, len(devices))}" if devices[0].platform == "cpu" else ""
-        raise ConfigError(f"{what} but only {len(devices)} are available{hint}")
-    if cfg.devices is not None:
-        devices = devices[: cfg.devices]
-    return family, corpus, model, devices
+def _check_attention(cfg: TrainConfig, layout: TensorLayout) -> None:
+    """The rule that needs the backend: ``--attention`` has a kernel for the run's dtype here."""
+    from colossal_jax.sequence.fused import resolve as resolve_kernel
 
-
-def validate_run(cfg: TrainConfig, model: ModelConfig, layout: TensorLayout) -> None:
-    """The rules of a run that need the model, checked before anything compiles: those of
-    :mod:`colossal_jax.config` (``cfg`` itself was validated by :meth:`TrainConfig.validate`),
-    with the memory the devices report as the capacity, and the one that needs the backend:
-    the attention kernel. ``layout`` is the run's (its split is the rules' ``tensor_split``)."""
-
-    from colossal_jax.sequence.fused import resolve
-
-    check_with_model(cfg, model, device_capacity(cfg.parallel.size))
     try:
-        resolve(cfg.attention, jnp.bfloat16 if cfg.precision == "bf16" else jnp.float32)
+        resolve_kernel(cfg.attention, jnp.bfloat16 if cfg.precision == "bf16" else jnp.float32)
     except ValueError as e:
         raise ConfigError(f"{e} (model {cfg.model}, tensor_mode={layout.mode})") from None
 
 
-def device_capacity(mesh_size: int) -> tuple[int, int] | None:
-    """``(bytes, devices sharing them)`` of the first local device: its memory limit, or on a CPU
-    the host's memory shared by the simulated devices the mesh uses; None if unknown."""
-    import os
-
-    device = jax.local_devices()[0]
-    stats = device.memory_stats() or {}
-    if "bytes_limit" in stats:
-        return int(stats["bytes_limit"]), 1
-    if device.platform == "cpu" and hasattr(os, "sysconf"):
-        host = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-        return host, min(mesh_size, jax.local_device_count())
-    return None
-
-
-def _layer_entry(cfg: TrainConfig) -> str | None:
-    """The sharding entry of the stacked parameters' ``layer`` dimension: ``pipe`` when
-    pipelined, else unsplit."""
-    return "pipe" if cfg.parallel.pipelined else None
-
-
 def _state_shardings(
-    cfg: TrainConfig, layout: TensorLayout, abstract_params: Any, tx: optax.GradientTransformation
+    plan: Plan, layout: TensorLayout, abstract_params: Any, tx: optax.GradientTransformation
 ) -> dict[str, Any]:
     """The :class:`Run` fields of the state's shardings: parameters and gradients (ZeRO-3 and
     ZeRO-2 split them over ``data``), the optimizer state (ZeRO-1 and up), and with
     ``--offload`` the device shardings the step brings host-resident state to."""
-    entry, stage = _layer_entry(cfg), cfg.parallel.zero
+    entry, stage = plan.layer_entry, plan.zero
     plain = tree_shardings(abstract_params, layout, layer_entry=entry)
     zero = tree_shardings(abstract_params, layout, zero_axis="data", layer_entry=entry)
     params = zero if stage == 3 else plain
@@ -193,26 +157,25 @@ def _state_shardings(
         "grad_shardings": zero if stage >= 2 else plain,
         "device_param_shardings": params,
         "device_opt_shardings": opt,
-        "opt_shardings": on_host(opt) if cfg.offload in ("optimizer", "params") else opt,
-        "param_shardings": on_host(params) if cfg.offload == "params" else params,
+        "opt_shardings": on_host(opt) if plan.offload in ("optimizer", "params") else opt,
+        "param_shardings": on_host(params) if plan.offload == "params" else params,
     }
 
 
-def _schedule(cfg: TrainConfig) -> Any:
+def _schedule(plan: Plan) -> Any:
     """The pipeline schedule of a pipelined run (None otherwise); gradient accumulation composes
-    with it as more microbatches per step."""
-    if not cfg.parallel.pipelined:
+    with it as more microbatches per step (:attr:`Plan.schedule_microbatches`)."""
+    if not plan.pipelined:
         return None
     from colossal_jax.pipeline.schedule import build as build_schedule
 
-    par = cfg.parallel
-    microbatches = par.num_microbatches * grad_accum_of(cfg)
-    return build_schedule(par.pipeline, par.pipe, microbatches, par.virtual_stages)
+    pipe = plan.config.parallel.pipe
+    return build_schedule(plan.pipeline, pipe, plan.schedule_microbatches, plan.virtual_stages)
 
 
 def replicated_leftovers(run: Run) -> list[str]:
     """Parameters ZeRO cannot shard over ``data`` (no dimension divides); they stay whole."""
-    return leftovers(run.abstract_params, run.layout, layer_entry=_layer_entry(run.cfg))
+    return leftovers(run.abstract_params, run.layout, layer_entry=run.plan.layer_entry)
 
 
 def on_host(shardings: Any) -> Any:

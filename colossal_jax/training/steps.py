@@ -13,7 +13,6 @@ import optax
 from flax import nnx
 from jax.sharding import NamedSharding
 
-from colossal_jax.config.model_rules import grad_accum_of
 from colossal_jax.layers import use_parallelism
 from colossal_jax.parallel.step import sharded_value_and_grad
 from colossal_jax.training.batches import stop_sharding
@@ -120,7 +119,7 @@ def value_and_grad_fn(run: Run) -> Callable:
             dims=run.zero_dims,
             layer_dims=run.layer_dims,
             stage=run.cfg.parallel.zero,
-            accum=grad_accum_of(run.cfg),
+            accum=run.plan.grad_accum,
             remat=RematPolicy(run.cfg.remat).policy(),
             compute_dtype=compute_dtype,
         )

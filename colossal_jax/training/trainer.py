@@ -1,5 +1,6 @@
-"""``train(cfg)``: a run built, its state initialised or resumed, its step compiled, and the
-loop (:mod:`colossal_jax.training.loop`) run with the hooks the configuration asks for."""
+"""``train(cfg)``: a run resolved once into its plan and built, its state initialised or
+resumed, its step compiled, and the loop (:mod:`colossal_jax.training.loop`) run with the
+hooks the configuration asks for."""
 
 from __future__ import annotations
 
@@ -10,10 +11,11 @@ from typing import Any
 
 import jax
 
+from colossal_jax.checks.resolve import resolve
 from colossal_jax.config import TrainConfig
 from colossal_jax.config.families import ModelConfig
-from colossal_jax.config.model_rules import grad_accum_of
-from colossal_jax.config.train_rules import host_overlap
+from colossal_jax.config.plan import Plan
+from colossal_jax.runtime.devices import current_devices
 from colossal_jax.runtime.metrics import MetricsWriter
 from colossal_jax.runtime.profiling import StepProfiler
 from colossal_jax.training.checkpoint import Checkpointer
@@ -32,13 +34,16 @@ from colossal_jax.training.summary import Summary, summarize, summary_line
 
 
 def train(
-    cfg: TrainConfig,
+    cfg: TrainConfig | Plan,
     *,
     progress: bool = True,
     log: Callable[[str], None] = print,
 ) -> Summary:
-    """Run (or resume) ``cfg`` to ``cfg.steps``; returns a :class:`Summary` with the per-step
-    losses of this process, the held-out losses and the trained ``params``/``opt_state``.
+    """Run (or resume) ``cfg`` to ``cfg.steps``: a :class:`Plan`, or a :class:`TrainConfig`
+    resolved once for the devices JAX has (every rule that needs no device, a checkpoint to
+    resume included, runs there, before anything compiles). Returns a :class:`Summary` with the
+    per-step losses of this process, the held-out losses and the trained
+    ``params``/``opt_state``.
 
     With ``cfg.checkpoint_dir`` set it resumes from the latest checkpoint there (skipping, with a
     warning, a damaged one for the one before it). ``log`` receives each line of output;
@@ -50,11 +55,9 @@ def train(
     :class:`colossal_jax.runtime.signals.Interrupted` after SIGINT/SIGTERM, with a checkpoint of
     the step reached."""
     t_start = time.perf_counter()
-    if cfg.checkpoint_dir is not None:
-        from colossal_jax.checks.preflight import check_resume
-
-        check_resume(cfg)  # as cli.main does: a checkpoint of another model is one line, at once
-    run = build(cfg)
+    plan = cfg if isinstance(cfg, Plan) else resolve(cfg, current_devices())
+    cfg = plan.config
+    run = build(plan)
     if jax.process_index() == 0:
         for line in _header(run):
             log(line)
@@ -92,8 +95,7 @@ def _train(
         if note:
             say(f"note: {note}")
     evaluation, hooks = _hooks(run, ckpt, opt_state, start_step, progress=progress and is_main)
-    overlap = host_overlap(cfg.host_overlap, jax.default_backend())
-    loop = Loop(run, compiled, params, opt_state, start_step, rates, overlap)
+    loop = Loop(run, compiled, params, opt_state, start_step, rates, run.plan.host_overlap)
     del params, opt_state  # the loop's now: donated to its first step
     loop.run_steps(hooks)
     summary = summarize(loop, evaluation, compile_s=compile_s, wall_s=time.perf_counter() - t_start)
@@ -138,7 +140,7 @@ def _header(run: Run) -> list[str]:
         f"layers={run.model.n_layer} hidden={run.model.n_embd} heads={run.model.n_head} "
         f"{_outputs(run.model)}; data {run.batches.name}; batch "
         f"{cfg.batch_size}×{cfg.seq_len} tokens"
-        f"{_accumulation(cfg)}; "
+        f"{_accumulation(run.plan)}; "
         f"{cfg.optim.name} lr={cfg.optim.lr} precision={cfg.precision}",
     ]
     if cfg.init_from_hf is not None:
@@ -159,12 +161,11 @@ def _outputs(model: ModelConfig) -> str:
     return f"classes={classes} (head {model.vocab_size})"
 
 
-def _accumulation(cfg: TrainConfig) -> str:
+def _accumulation(plan: Plan) -> str:
     """`` in N microbatches of D per shard`` for the log line, or "" without accumulation."""
-    from colossal_jax.config.tensor_split import batch_shards
-
-    accum = grad_accum_of(cfg)
-    if accum == 1:
+    if plan.grad_accum == 1:
         return ""
-    per = cfg.batch_size // (batch_shards(cfg.parallel) * cfg.parallel.num_microbatches * accum)
-    return f" accumulated in {accum} microbatches of {per} per batch shard"
+    return (
+        f" accumulated in {plan.grad_accum} microbatches of {plan.microbatch_sequences} per "
+        "batch shard"
+    )
