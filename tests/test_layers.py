@@ -123,12 +123,13 @@ def violations() -> list[str]:
                 found.append(f"{where} imports {target}: kernels import only config")
             elif FLOORS[here][0] == "tensor" and FLOORS[there][0] == "sequence":
                 found.append(f"{where} imports {target}, floor sequence above tensor")
-    found += [f"import circle: {' -> '.join(c)}" for c in circles(graph)]
+    found += [f"import circle among {len(c)} modules: {', '.join(c)}" for c in circles(graph)]
     return found
 
 
 def circles(graph: dict[str, list[tuple[int, str]]]) -> list[list[str]]:
-    """Every strongly connected set of more than one module (Tarjan), as a path through it."""
+    """Every strongly connected set of more than one module (Tarjan's algorithm), sorted: the
+    modules that import one another in a circle."""
     edges = {
         m: sorted({_owner(t, graph) for _, t in imps} - {None, m}) for m, imps in graph.items()
     }
