@@ -12,7 +12,7 @@ import optax
 import pytest
 
 import colossal_jax as cj
-from colossal_jax.checks.validate import check_config
+from colossal_jax.checks.resolve import resolve
 from colossal_jax.config import (
     ConfigError,
     OptimConfig,
@@ -22,7 +22,6 @@ from colossal_jax.config import (
     tensor_modes,
 )
 from colossal_jax.config.choices import OPTIMIZERS, PIPELINES, SEQ_MODES, TENSOR_MODES
-from colossal_jax.config.families import model_config
 from tests.helpers import tiny_config
 
 STEPS = 3
@@ -97,9 +96,9 @@ def test_a_registered_tensor_mode_trains_like_the_one_it_copies(megatron):
     assert megatron in TENSOR_MODES and megatron in ", ".join(TENSOR_MODES)
     assert cj.parse_mesh("tensor=4", 8, tensor_mode=megatron) == {"tensor_row": 4, "data": 2}
     cfg = tiny_config(steps=STEPS, tensor_row=4, data=2, tensor_mode=megatron)
-    two_heads = model_config(cfg.model, **{**cfg.model_overrides, "n_head": 2})
+    two_heads = dataclasses.replace(cfg, model_overrides={**cfg.model_overrides, "n_head": 2})
     with pytest.raises(ConfigError, match="megatron tensor parallelism over 4 devices needs heads"):
-        check_config(cfg, two_heads, n_devices=8)
+        resolve(two_heads, 8)
     _same(_losses(cfg), _losses(tiny_config(steps=STEPS, tensor_row=4, data=2, tensor_mode="1d")))
 
 
@@ -117,7 +116,7 @@ def test_a_registered_schedule_is_accepted_and_builds_the_same_table(gpipe_again
 
     assert gpipe_again in PIPELINES and gpipe_again in SCHEDULES
     cfg = tiny_config(steps=STEPS, pipe=2, data=4, microbatches=2, pipeline=gpipe_again)
-    check_config(cfg, model_config(cfg.model, **cfg.model_overrides), n_devices=8)
+    assert resolve(cfg, 8).pipeline == gpipe_again
     np.testing.assert_array_equal(build(gpipe_again, 2, 4).table, build("gpipe", 2, 4).table)
     with pytest.raises(ConfigError, match=r"--virtual-stages 2 needs --pipeline interleaved"):
         dataclasses.replace(cfg.parallel, virtual_stages=2).validate()
