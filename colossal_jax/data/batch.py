@@ -10,12 +10,8 @@ from __future__ import annotations
 
 import abc
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import numpy as np
-
-if TYPE_CHECKING:
-    from colossal_jax.data.corpus import Corpus
 
 
 def sequence_batch(
@@ -36,6 +32,15 @@ def sequence_batch(
     if layout_order is not None:
         out = {k: np.ascontiguousarray(v[:, layout_order]) for k, v in out.items()}
     return out
+
+
+@dataclass(frozen=True)
+class Corpus:
+    """A token stream and its vocabulary size (``tokens is None`` for synthetic data)."""
+
+    name: str
+    tokens: np.ndarray | None
+    vocab_size: int | None
 
 
 @dataclass(frozen=True)

@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 
 from colossal_jax.config import ConfigError
-from colossal_jax.data.batch import CorpusBatches, sequence_batch
+from colossal_jax.data.batch import Corpus, CorpusBatches, sequence_batch
 
 BYTE_VOCAB = 256
 DEFAULT_CORPUS_BYTES = 4 * 2**20
@@ -52,15 +52,6 @@ def stdlib_corpus(max_bytes: int = DEFAULT_CORPUS_BYTES) -> bytes:
     if len(corpus) < 1024:
         raise ConfigError(f"the standard library at {root} is too small to train on")
     return corpus
-
-
-@dataclass(frozen=True)
-class Corpus:
-    """A token stream and its vocabulary size (``tokens is None`` for synthetic data)."""
-
-    name: str
-    tokens: np.ndarray | None
-    vocab_size: int | None
 
 
 def load_corpus(spec: str) -> Corpus:
