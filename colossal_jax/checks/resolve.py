@@ -48,8 +48,6 @@ from colossal_jax.config.model_rules import (
     check_run,
     check_task,
     grad_accum_of,
-    param_count,
-    state_bytes,
 )
 from colossal_jax.config.parallel_rules import check_parallel, uses_zigzag
 from colossal_jax.config.plan import Devices, Plan
@@ -99,22 +97,12 @@ def resolve(config: TrainConfig, devices: Devices | int) -> Plan:
         task=family.task,
         data_vocab=data_vocab,
         mesh_shape=tuple(getattr(par, a) for a in MESH_ORDER),
-        tensor_mode=par.tensor_mode,
-        seq_mode=par.seq_mode,
-        pipeline=par.pipeline,
         microbatches=par.num_microbatches,
-        virtual_stages=par.virtual_stages,
         grad_accum=grad_accum_of(config),
-        zero=par.zero,
-        remat=config.remat,
-        precision=config.precision,
-        offload=config.offload,
         batch_shards=batch_shards(par),
         tensor_split=split,
         zigzag=uses_zigzag(par, model),
         host_overlap=host_overlap(config.host_overlap, devices.platform),
-        param_count=param_count(model),
-        state_bytes=state_bytes(config, model),
     )
 
 

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from colossal_jax.config.errors import ConfigError
+from colossal_jax.config.model_rules import param_count, state_bytes
 from colossal_jax.config.schema import TrainConfig
 from colossal_jax.config.tensor_split import TensorSplit
 
@@ -109,21 +110,18 @@ class Plan:
       family, task: the model's family name and its data task.
       data_vocab: the token ids of ``--data`` (None for images and synthetic tokens).
       mesh_shape: the axis sizes in :data:`~colossal_jax.config.choices.MESH_ORDER`.
-      tensor_mode, seq_mode: the tensor and sequence algorithms.
-      pipeline: the schedule on ``pipe`` (``none`` without a pipeline).
       microbatches: M, pipeline microbatches per step (1 without a pipeline).
-      virtual_stages: V, model chunks per pipeline stage.
       grad_accum: microbatches accumulated per step (``--grad-accum``, or derived from
         ``--device-batch``; :func:`~colossal_jax.config.model_rules.grad_accum_of`).
-      zero: the ZeRO stage over ``data``.
-      remat, precision, offload: the memory and precision modes.
       batch_shards: the pieces the batch is split into (``data`` times the tensor mode's own).
       tensor_split: what the tensor mode divides (:class:`TensorSplit`).
       zigzag: whether ring attention lays the sequence out in zigzag order.
       host_overlap: whether the loop overlaps its host work with the step in flight.
-      param_count: the model's parameters.
-      state_bytes: a floor on the training state per device (:func:`~colossal_jax.config.
-        model_rules.state_bytes`), in bytes.
+
+    The modes the config states as they are (tensor and sequence mode, schedule, virtual
+    stages, ZeRO stage, remat, precision, offload) and the figures that follow from the model
+    (parameters, the training-state floor) are properties read from ``config`` and ``model``,
+    not stored twice.
     """
 
     config: TrainConfig = field(hash=False)
@@ -133,22 +131,56 @@ class Plan:
     task: str
     data_vocab: int | None
     mesh_shape: tuple[int, ...]
-    tensor_mode: str
-    seq_mode: str
-    pipeline: str
     microbatches: int
-    virtual_stages: int
     grad_accum: int
-    zero: int
-    remat: str
-    precision: str
-    offload: str
     batch_shards: int
     tensor_split: TensorSplit
     zigzag: bool
     host_overlap: bool
-    param_count: int
-    state_bytes: float
+
+    @property
+    def tensor_mode(self) -> str:
+        return self.config.parallel.tensor_mode
+
+    @property
+    def seq_mode(self) -> str:
+        return self.config.parallel.seq_mode
+
+    @property
+    def pipeline(self) -> str:
+        """The schedule on ``pipe`` (``none`` without a pipeline)."""
+        return self.config.parallel.pipeline
+
+    @property
+    def virtual_stages(self) -> int:
+        return self.config.parallel.virtual_stages
+
+    @property
+    def zero(self) -> int:
+        return self.config.parallel.zero
+
+    @property
+    def remat(self) -> str:
+        return self.config.remat
+
+    @property
+    def precision(self) -> str:
+        return self.config.precision
+
+    @property
+    def offload(self) -> str:
+        return self.config.offload
+
+    @property
+    def param_count(self) -> int:
+        """The model's parameters."""
+        return param_count(self.model)
+
+    @property
+    def state_bytes(self) -> float:
+        """A floor on the training state per device, in bytes
+        (:func:`~colossal_jax.config.model_rules.state_bytes`)."""
+        return state_bytes(self.config, self.model)
 
     @property
     def n_devices(self) -> int:
