@@ -111,3 +111,12 @@ def test_register_refuses_a_taken_name():
         registry.register(dataclasses.replace(gpt, name="gpt-again"))
     with pytest.raises(KeyError, match="unknown"):
         registry.family_of("bert-huge")
+
+
+def test_an_empty_registry_says_how_to_install(monkeypatch):
+    """Run from a checkout that was never installed, no entry point registers the zoo: the
+    message says how to install it instead of listing no models."""
+    monkeypatch.setattr(registry.FAMILIES, "_table", {})
+    monkeypatch.setattr(registry.MODELS, "_table", {})
+    with pytest.raises(KeyError, match="no model family is registered.*pip install -e ."):
+        registry.family_of("gpt2-tiny")

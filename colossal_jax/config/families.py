@@ -173,6 +173,12 @@ def family_of(name: str) -> Family:
     for family in FAMILIES.values():
         if name in family.sizes:
             return family
+    if not MODELS:
+        raise KeyError(
+            f"--model {name!r}: no model family is registered; the zoo registers through the "
+            "installed package's entry point, so install it: pip install -e . (without a network: "
+            "pip install --no-deps --no-build-isolation -e .)"
+        )
     raise KeyError(f"--model {name!r} is unknown; choose one of {', '.join(MODELS)}")
 
 
