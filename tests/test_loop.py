@@ -60,7 +60,7 @@ def _loop(monkeypatch, events: list[str], steps: int = 4, overlap: bool = True) 
 
     monkeypatch.setattr(L, "global_batch", batch)
     run = SimpleNamespace(cfg=SimpleNamespace(steps=steps))
-    rates = Rates(0, np.zeros(steps), 1, 1.0, None, 1)
+    rates = Rates(0, lambda step: 0.0, 1, 1.0, None, 1)
     return Loop(run, step, params=None, opt_state=None, step=0, rates=rates, overlap=overlap)
 
 

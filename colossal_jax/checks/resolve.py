@@ -9,7 +9,8 @@ command line's):
    run asking for more devices than there are;
 3. the parallel configuration against the devices the run uses
    (:func:`~colossal_jax.config.parallel_rules.check_parallel`);
-4. the training and optimizer fields (:func:`~colossal_jax.config.train_rules.check_train`);
+4. the training and optimizer fields (:func:`~colossal_jax.config.train_rules.check_train`)
+   and one batch against the host's memory (:func:`colossal_jax.checks.validate.check_host_batch`);
 5. ``--init-from-hf`` (:func:`colossal_jax.hf.checks.model_overrides`) and the model sized for
    its task's data (:func:`colossal_jax.checks.validate.size_model`);
 6. the model, task and run rules (:mod:`colossal_jax.config.model_rules`);
@@ -38,7 +39,7 @@ from pathlib import Path
 from typing import Any
 
 from colossal_jax.checks.preflight import CHECKS, check_field, check_resume
-from colossal_jax.checks.validate import size_model
+from colossal_jax.checks.validate import check_host_batch, host_memory_bytes, size_model
 from colossal_jax.config.choices import IMAGE_DATA, MESH_ORDER
 from colossal_jax.config.errors import ConfigError
 from colossal_jax.config.families import MODELS, family_of
@@ -72,6 +73,7 @@ def resolve(config: TrainConfig, devices: Devices | int) -> Plan:
     par = config.parallel
     check_parallel(par, n)
     check_train(config)
+    check_host_batch(config, host_memory_bytes())
     overrides = _model_overrides(config)
     try:
         family = family_of(config.model)

@@ -1,8 +1,10 @@
-"""The run's model config sized for its task's data (:func:`size_model`), for
-:func:`colossal_jax.checks.resolve.resolve`."""
+"""The run's model config sized for its task's data (:func:`size_model`) and the batch sized for
+the host's memory (:func:`check_host_batch`), for :func:`colossal_jax.checks.resolve.resolve`."""
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
 from typing import Any
 
 from colossal_jax.config.errors import ConfigError
@@ -36,3 +38,48 @@ def size_model(cfg: TrainConfig, overrides: dict[str, Any], data_vocab: int | No
         raise ConfigError(e.args[0]) from None
     except (TypeError, ValueError) as e:
         raise ConfigError(f"--set model.*: {e}") from None
+
+
+BATCH_BYTES_PER_TOKEN = 16
+"""Host bytes of one token position of a batch, at least: ``tokens``, ``targets``,
+``positions`` and ``weights``, 4 bytes each (:func:`colossal_jax.data.batch.sequence_batch`;
+image tokens carry more)."""
+
+
+def host_memory_bytes() -> int | None:
+    """The host's memory: its physical pages, or a smaller cgroup (v2) limit; None where the
+    system does not say."""
+    try:
+        total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (AttributeError, ValueError, OSError):
+        return None
+    try:
+        limit = Path("/sys/fs/cgroup/memory.max").read_text().strip()
+    except OSError:
+        return total
+    return min(total, int(limit)) if limit.isdigit() else total
+
+
+def check_host_batch(cfg: TrainConfig, memory: int | None) -> None:
+    """Refuse a batch that cannot fit the host's ``memory`` bytes: a batch is built on the host
+    (and the next one beside it) before it is placed on the devices, so one batch of
+    ``--batch-size × --seq-len`` positions, :data:`BATCH_BYTES_PER_TOKEN` bytes each, must fit
+    in half of it. Checked before anything is allocated; ``memory`` None skips the rule."""
+    need = cfg.batch_size * cfg.seq_len * BATCH_BYTES_PER_TOKEN
+    if memory is None or 2 * need <= memory:
+        return
+    fits = memory // (2 * cfg.seq_len * BATCH_BYTES_PER_TOKEN)
+    hint = f"--batch-size {fits} or fewer" if fits else "a shorter --seq-len"
+    raise ConfigError(
+        f"--batch-size {cfg.batch_size} × --seq-len {cfg.seq_len} makes one batch of "
+        f"{_size(need)} on the host (and the next one beside it), but the host has "
+        f"{_size(memory)} of memory; use {hint} (e.g. --batch-size 16)"
+    )
+
+
+def _size(n: float) -> str:
+    for unit in ("bytes", "KiB", "MiB", "GiB", "TiB"):
+        if n < 1024 or unit == "TiB":
+            return f"{n:.0f} {unit}" if unit == "bytes" else f"{n:.1f} {unit}"
+        n /= 1024
+    raise AssertionError

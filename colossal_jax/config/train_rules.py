@@ -26,6 +26,9 @@ from colossal_jax.config.xla_presets import PRESETS
 if TYPE_CHECKING:
     from colossal_jax.config.schema import OptimConfig, TrainConfig
 
+MAX_STEPS = 2**31 - 1
+"""The most steps a run can take: optax counts steps in an int32 (its schedules stop there)."""
+
 # ---- training and optimizer fields --------------------------------------------------------------
 
 
@@ -33,6 +36,11 @@ def check_train(cfg: TrainConfig) -> None:
     """The TrainConfig fields (the optimizer's too) and the modes that need an axis."""
     if cfg.steps < 1:
         raise ConfigError(f"--steps {cfg.steps} must be at least 1 (e.g. --steps 100)")
+    if cfg.steps > MAX_STEPS:
+        raise ConfigError(
+            f"--steps {cfg.steps} is more than the optimizer's 32-bit step counter holds "
+            f"({MAX_STEPS:_}); e.g. --steps 100000"
+        )
     if cfg.batch_size < 1:
         raise ConfigError(
             f"--batch-size {cfg.batch_size} must be at least 1 (e.g. --batch-size 16)"

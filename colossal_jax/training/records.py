@@ -1,26 +1,58 @@
 """What a training step reports: its metrics record (loss, learning rate, gradient norm, time,
-tokens/s, MFU) and, over a run, the throughput those records add up to."""
+tokens/s, MFU) and, over a run, the throughput those records add up to.
+
+The learning rates a record reports are computed a window of :data:`LR_WINDOW` steps at a time
+(:class:`LearningRates`), so a run's host memory does not grow with ``--steps``: the whole
+table of ``--steps 3000000000`` would be 24 GB of float64.
+"""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
+from colossal_jax.config import OptimConfig
 from colossal_jax.runtime.metrics import peak_flops
 from colossal_jax.training.optim import schedule_values
 from colossal_jax.training.run import Run
 
 
+LR_WINDOW = 4096
+"""Steps of learning rate computed at once (32 KiB of float64; one jitted call each)."""
+
+
+@dataclass
+class LearningRates:
+    """The learning rate of each step of a run of ``total_steps`` steps
+    (:func:`~colossal_jax.training.optim.schedule_values`), computed ``window`` steps at a time
+    from the first step asked for: memory is constant in ``total_steps``."""
+
+    optim: OptimConfig
+    total_steps: int
+    window: int = LR_WINDOW
+    _first: int = field(default=0, init=False)
+    _values: np.ndarray = field(default_factory=lambda: np.zeros(0), init=False)
+
+    def __call__(self, step: int) -> float:
+        """The learning rate of 0-based ``step`` (the step the optimizer's count reads)."""
+        if not 0 <= step - self._first < len(self._values):
+            stop = min(step + self.window, self.total_steps)
+            self._values = schedule_values(self.optim, self.total_steps, step, stop)
+            self._first = step
+        return float(self._values[step - self._first])
+
+
 @dataclass(frozen=True)
 class Rates:
-    """The per-step constants of a run's records: ``lr_values`` from ``start_step`` on,
+    """The per-step constants of a run's records: ``lr`` (the learning rate of a 0-based step),
     ``tokens_per_step``, ``flops_per_step`` (the model's FLOPs of one batch), ``peak`` (one
     device's peak FLOP/s, None where unknown) and ``devices`` (the mesh's size)."""
 
     start_step: int
-    lr_values: np.ndarray
+    lr: Callable[[int], float]
     tokens_per_step: int
     flops_per_step: float
     peak: float | None
@@ -31,11 +63,11 @@ class Rates:
         """The rates of ``run`` resumed at ``start_step`` (``--peak-tflops`` wins over the
         device's known peak)."""
         cfg = run.cfg
-        lr_values = schedule_values(cfg.optim, cfg.steps, start_step, cfg.steps)
+        lr = LearningRates(cfg.optim, cfg.steps)
         tokens_per_step = cfg.batch_size * cfg.seq_len
         flops_per_step = run.model.flops_per_token(cfg.seq_len) * tokens_per_step
         peak = cfg.peak_tflops * 1e12 if cfg.peak_tflops else peak_flops()
-        return cls(start_step, lr_values, tokens_per_step, flops_per_step, peak, run.mesh.size)
+        return cls(start_step, lr, tokens_per_step, flops_per_step, peak, run.mesh.size)
 
     def record(self, at: int, outputs: dict[str, Any], seconds: float) -> dict[str, Any]:
         """The record of step ``at`` from its read ``outputs`` and its time (``mfu`` None where
@@ -44,7 +76,7 @@ class Rates:
         record = {
             "step": at,
             "loss": float(outputs["loss"]),
-            "lr": float(self.lr_values[at - 1 - self.start_step]),
+            "lr": self.lr(at - 1),
             "grad_norm": float(outputs["grad_norm"]),
             "step_time_s": seconds,
             "tokens_per_s": tokens_per_s,
