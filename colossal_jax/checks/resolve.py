@@ -6,7 +6,8 @@ command line's):
 1. the fields with a file-system meaning (:data:`colossal_jax.checks.preflight.CHECKS`: output
    paths that must be writable, a ``--data`` file that must hold tokens);
 2. the device count (:meth:`Devices.used_by <colossal_jax.config.plan.Devices.used_by>`): a
-   run asking for more devices than there are;
+   run asking for more devices than there are; a ``data`` axis not given takes the devices the
+   other axes leave (:meth:`~colossal_jax.config.schema.ParallelConfig.sized_for`);
 3. the parallel configuration against the devices the run uses
    (:func:`~colossal_jax.config.parallel_rules.check_parallel`);
 4. the training and optimizer fields (:func:`~colossal_jax.config.train_rules.check_train`)
@@ -70,6 +71,8 @@ def resolve(config: TrainConfig, devices: Devices | int) -> Plan:
     devices = Devices.of(devices)
     corpus_vocab = check_files(config)
     n = devices.used_by(config)
+    if isinstance(config.parallel.data, int):  # check_parallel names a size that is no number
+        config = dataclasses.replace(config, parallel=config.parallel.sized_for(n))
     par = config.parallel
     check_parallel(par, n)
     check_train(config)

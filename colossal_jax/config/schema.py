@@ -19,9 +19,20 @@ from colossal_jax.config import choices
 from colossal_jax.config.choices import AXES
 from colossal_jax.config.errors import ConfigError
 from colossal_jax.config.families import train_defaults
+from colossal_jax.config.field_types import check_field_types
 from colossal_jax.config.flags import flag
 from colossal_jax.config.parallel_rules import check_parallel
 from colossal_jax.config.train_rules import check_optim, check_train
+
+
+class RestOfDevices(int):
+    """The default size of the ``data`` axis: 1 until a run is resolved for its devices
+    (:meth:`ParallelConfig.sized_for`), then the devices the other axes leave, as ``--mesh``
+    without ``data=`` on the command line. An ``int`` everywhere else."""
+
+
+DATA_REST = RestOfDevices(1)
+"""``ParallelConfig.data`` when not given."""
 
 
 @dataclass(frozen=True)
@@ -30,6 +41,7 @@ class ParallelConfig:
 
     Attributes:
       data: data-parallel replicas (batch split); ZeRO shards optimizer state over this axis.
+        Not given (:data:`DATA_REST`): the devices the other axes leave when the run is resolved.
       pipe: pipeline stages (the layer stack split into consecutive chunks over this axis).
       tensor_row, tensor_col, tensor_depth: the tensor-parallel grid. ``1d`` uses all three as
         one group; ``2d`` a q×q grid (row, col); ``2.5d`` q×q×d; ``3d`` a q×q×q cube.
@@ -49,7 +61,7 @@ class ParallelConfig:
         simulated CPU mesh it did not measure faster (docs/performance.md).
     """
 
-    data: int = 1
+    data: int = DATA_REST
     pipe: int = 1
     tensor_row: int = 1
     tensor_col: int = 1
@@ -95,8 +107,22 @@ class ParallelConfig:
     )
 
     def __post_init__(self):
+        check_field_types(self)
         if self.pipeline is None:
             object.__setattr__(self, "pipeline", "1f1b" if self.pipe > 1 else "none")
+
+    def sized_for(self, n_devices: int) -> ParallelConfig:
+        """This mesh on ``n_devices`` devices: a ``data`` axis not given takes the devices the
+        other axes leave (a ConfigError where their product does not divide ``n_devices``)."""
+        if not isinstance(self.data, RestOfDevices):
+            return self
+        rest = math.prod(n for a, n in self.axis_sizes.items() if a != "data")
+        if not isinstance(rest, int) or n_devices % rest:
+            raise ConfigError(
+                f"the mesh {self.short()} uses {rest} devices per data replica, which does not "
+                f"divide the {n_devices} devices; choose sizes whose product divides {n_devices}"
+            )
+        return dataclasses.replace(self, data=n_devices // rest)
 
     @property
     def axis_sizes(self) -> dict[str, int]:
@@ -178,6 +204,9 @@ class OptimConfig:
     eps: float = 1e-8
     clip_norm: float = flag(1.0, "global-norm clipping (0: off)")
     lars_trust: float = 0.001
+
+    def __post_init__(self):
+        check_field_types(self)
 
     def validate(self) -> None:
         """Values no optimizer can use: negative decay or clipping, moments outside [0, 1)
@@ -335,6 +364,9 @@ class TrainConfig:
     host_overlap: str = "auto"
     optim: OptimConfig = field(default_factory=OptimConfig)
     parallel: ParallelConfig = field(default_factory=ParallelConfig)
+
+    def __post_init__(self):
+        check_field_types(self)
 
     @classmethod
     def for_model(cls, model: str, **fields: Any) -> TrainConfig:

@@ -19,7 +19,6 @@ from colossal_jax.runtime.metrics import peak_flops
 from colossal_jax.training.optim import schedule_values
 from colossal_jax.training.run import Run
 
-
 LR_WINDOW = 4096
 """Steps of learning rate computed at once (32 KiB of float64; one jitted call each)."""
 
