@@ -1,0 +1,143 @@
+"""Careless inputs of issue 22 ("Nothing lost, one line"): sizes that would take the host down,
+the Python API's types and devices, contradictions between a flag and ``--set``, strict mesh
+presets, a metrics file that would be overwritten, and the notes a run owes its user.
+
+Each test names the item of the issue it guards. The command line runs in-process through
+``cli.main`` with compilation replaced by a failure (``nothing_compiles``) wherever the answer
+must come before compiling; a few run as real processes, as a user meets them.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from colossal_jax import OptimConfig, ParallelConfig, TrainConfig, cli
+from colossal_jax.checks.resolve import resolve
+from colossal_jax.config import ConfigError
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture
+def nothing_compiles(monkeypatch):
+    """Fail where the run would first compile."""
+    import colossal_jax.training.run as run_module
+
+    def compile_(*_, **__):
+        raise AssertionError("reached init_state: nothing refused this input")
+
+    monkeypatch.setattr(run_module, "init_state", compile_)
+
+
+def _one_error(err: str) -> str:
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), lines
+    return lines[0]
+
+
+def _refused(argv: list[str], capsys) -> str:
+    assert cli.main([*argv, "--no-progress"]) == 2
+    return _one_error(capsys.readouterr().err)
+
+
+def _train_process(
+    argv: list[str], timeout: float = 120
+) -> tuple[subprocess.CompletedProcess, float]:
+    env = dict(os.environ, JAX_PLATFORMS="cpu")
+    env.pop("XLA_FLAGS", None)
+    t0 = time.time()
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / "train.py"), *argv, "--no-progress"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=timeout,
+    )
+    return proc, time.time() - t0
+
+
+# ---- item 2: sizes that would take the host down ------------------------------------------------
+
+
+def test_item2_learning_rates_are_computed_in_bounded_windows():
+    """The learning rate of each step equals the whole table's, yet no more than a window of
+    steps is held, whatever ``--steps`` (the table of 10**7 steps would be 80 MB)."""
+    from colossal_jax.training.optim import schedule_values
+    from colossal_jax.training.records import LearningRates
+
+    optim = OptimConfig(warmup_steps=3)
+    lr = LearningRates(optim, 10, window=4)
+    table = schedule_values(optim, 10, 0, 10)
+    assert [lr(s) for s in range(10)] == list(table)
+    big = LearningRates(optim, 10**7)
+    assert big(0) == 0.0 and big(5) > 0 and big(10**7 - 1) > 0
+    assert len(big._values) <= big.window
+
+
+def test_item2_steps_past_the_optimizer_counter_are_refused(nothing_compiles, capsys):
+    line = _refused(["--steps", "3000000000"], capsys)
+    assert "--steps 3000000000" in line and "2_147_483_647" in line
+
+
+@pytest.mark.slow
+def test_item2_a_batch_larger_than_the_host_exits_2_in_one_line_under_5s():
+    proc, seconds = _train_process(["--batch-size", "1000000000"])
+    assert proc.returncode == 2, proc.stderr
+    line = _one_error(proc.stderr)
+    assert "--batch-size 1000000000" in line and "TiB on the host" in line
+    assert seconds < 5 or os.getloadavg()[0] > 4, seconds  # the machine's load, not the rule
+
+
+def test_item2_the_python_api_refuses_a_batch_larger_than_the_host():
+    with pytest.raises(ConfigError, match="--batch-size 1000000000 .* on the host"):
+        resolve(TrainConfig(batch_size=10**9), 8)
+
+
+# ---- item 8: the Python API checks its types and sizes the mesh as the command line ------------
+
+
+@pytest.mark.parametrize(
+    "fields,message",
+    [
+        ({"steps": "10"}, "TrainConfig(steps='10'): steps (--steps) must be an int, not str"),
+        ({"seq_len": 64.5}, "seq_len (--seq-len) must be an int, not float"),
+        ({"batch_size": 16.0}, "batch_size (--batch-size) must be an int, not float"),
+        ({"steps": True}, "steps (--steps) must be an int, not bool"),
+        ({"parallel": {"dta": 8}}, "ParallelConfig has no field 'dta'; did you mean 'data'?"),
+        ({"parallel": 8}, "parallel must be a ParallelConfig (or a dict of its fields)"),
+        ({"optim": {"lr": "big"}}, "OptimConfig(lr='big'): lr (--lr) must be a float"),
+        ({"checkpoint_dir": 3}, "checkpoint_dir (--checkpoint-dir) must be a str or None"),
+    ],
+)
+def test_item8_a_wrong_type_is_one_config_error_on_construction(fields, message):
+    with pytest.raises(ConfigError) as e:
+        TrainConfig(**fields)
+    assert message in str(e.value) and "\n" not in str(e.value)
+
+
+def test_item8_friendly_values_are_converted():
+    cfg = TrainConfig(steps=np.int64(3), parallel={"data": 8}, optim={"lr": 1})
+    assert type(cfg.steps) is int and cfg.parallel == ParallelConfig(data=8)
+    assert cfg.optim.lr == 1.0 and type(cfg.optim.lr) is float
+
+
+def test_item8_data_takes_the_remaining_devices_as_on_the_command_line():
+    from colossal_jax.cli.configure import config_from_args
+    from colossal_jax.cli.parser import build_parser
+
+    api = resolve(TrainConfig(steps=2), 8)
+    assert api.config.parallel.data == 8
+    args = build_parser().parse_args(["--steps", "2"])
+    assert resolve(config_from_args(args, 8), 8).mesh_shape == api.mesh_shape
+    two_d = ParallelConfig(tensor_row=2, tensor_col=2, tensor_mode="2d")
+    assert resolve(TrainConfig(parallel=two_d), 8).config.parallel.data == 2
+    assert resolve(TrainConfig(parallel=ParallelConfig(data=1), devices=1), 8).mesh_shape[0] == 1
+    with pytest.raises(ConfigError, match="does not divide the 8 devices"):
+        resolve(TrainConfig(parallel=ParallelConfig(tensor_row=3, tensor_mode="1d")), 8)
