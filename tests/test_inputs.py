@@ -9,6 +9,7 @@ must come before compiling; a few run as real processes, as a user meets them.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import subprocess
 import sys
@@ -141,3 +142,56 @@ def test_item8_data_takes_the_remaining_devices_as_on_the_command_line():
     assert resolve(TrainConfig(parallel=ParallelConfig(data=1), devices=1), 8).mesh_shape[0] == 1
     with pytest.raises(ConfigError, match="does not divide the 8 devices"):
         resolve(TrainConfig(parallel=ParallelConfig(tensor_row=3, tensor_mode="1d")), 8)
+
+
+# ---- item 9: contradictions are errors ----------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "argv,both",
+    [
+        (["--steps", "2", "--set", "steps=3"], ("--steps 2", "--set steps=3")),
+        (["--zero", "2", "--set", "parallel.zero=1"], ("--zero 2", "--set parallel.zero=1")),
+        (["--lr", "0.1", "--set", "optim.lr=0.2"], ("--lr 0.1", "--set optim.lr=0.2")),
+        (["--set", "train.steps=4", "--steps=5"], ("--steps 5", "--set train.steps=4")),
+    ],
+)
+def test_item9_a_flag_and_a_set_that_disagree_are_one_error(argv, both, nothing_compiles, capsys):
+    line = _refused(argv, capsys)
+    assert all(b in line for b in both) and "contradict" in line, line
+
+
+def test_item9_the_same_value_twice_is_no_contradiction():
+    from colossal_jax.cli.configure import config_from_args
+    from colossal_jax.cli.parser import build_parser
+
+    argv = ["--steps", "2", "--set", "steps=2", "--zero", "1", "--set", "parallel.zero=1"]
+    cfg = config_from_args(build_parser().parse_args(argv), 8)
+    assert cfg.steps == 2 and cfg.parallel.zero == 1
+    alone = config_from_args(build_parser().parse_args(["--set", "steps=3"]), 8)
+    assert alone.steps == 3
+
+
+def test_item9_resuming_with_other_data_is_refused_like_another_seed(tmp_path):
+    from helpers import tiny_config
+
+    from colossal_jax.training.trainer import train
+
+    text = tmp_path / "a.txt"
+    text.write_text("the quick brown fox jumps over the lazy dog. " * 200)
+    other = tmp_path / "b.txt"
+    other.write_text("pack my box with five dozen liquor jugs! " * 200)
+    cfg = dataclasses.replace(
+        tiny_config(steps=1, batch_size=8, seq_len=16),
+        data=str(text),
+        checkpoint_dir=str(tmp_path / "ckpt"),
+        eval_every=0,
+    )
+    train(cfg, progress=False, log=lambda _: None)
+    again = dict(steps=2, checkpoint_dir=cfg.checkpoint_dir)
+    same = dataclasses.replace(cfg, **again, data=str(tmp_path / "." / "a.txt"))
+    resolve(same, 8)  # the same file by another spelling resumes
+    for change, flag in (({"data": str(other)}, "--data"), ({"seed": 1}, "--seed")):
+        with pytest.raises(ConfigError) as e:
+            resolve(dataclasses.replace(cfg, **again, **change), 8)
+        assert flag in str(e.value) and "the data order would change" in str(e.value)

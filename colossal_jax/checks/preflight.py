@@ -306,12 +306,33 @@ def check_resume(cfg, architecture=architecture, model=None) -> None:
             return  # a bad model override or data file; building the model reports it
     where = f"--checkpoint-dir {cfg.checkpoint_dir} holds step {step} of a run with"
     _check_same_model(cfg, saved, before, now, where)
+    _check_same_data_order(cfg, saved, where)
+    _check_same_optimizer_state(cfg, optim, saved.get("precision"), where)
+
+
+def _check_same_data_order(cfg, saved: dict, where: str) -> None:
+    """The batches a resumed run reads are the ones the saved run would have read next: the
+    same ``--seed`` and the same ``--data`` (the same name, or a path to the same file), since
+    batch ``k`` is a function of both (:class:`colossal_jax.data.batch.CorpusBatches`)."""
     if saved.get("seed", cfg.seed) != cfg.seed:
         raise ConfigError(
             f"{where} --seed {saved['seed']}, not {cfg.seed} (the data order would change); use "
             f"--seed {saved['seed']} to resume it, {_OTHER_DIR}"
         )
-    _check_same_optimizer_state(cfg, optim, saved.get("precision"), where)
+    old = saved.get("data", cfg.data)
+    if old != cfg.data and not _same_file(old, cfg.data):
+        raise ConfigError(
+            f"{where} --data {old}, not {cfg.data} (the data order would change); use "
+            f"--data {old} to resume it, {_OTHER_DIR}"
+        )
+
+
+def _same_file(a: str, b: str) -> bool:
+    """Whether the ``--data`` paths ``a`` and ``b`` name one existing file."""
+    try:
+        return os.path.samefile(a, b)
+    except (OSError, ValueError):
+        return False
 
 
 _OTHER_DIR = "or another --checkpoint-dir"

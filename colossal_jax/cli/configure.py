@@ -25,7 +25,7 @@ from colossal_jax.config import (
     suggest,
 )
 from colossal_jax.config.families import MODELS, family_of, train_defaults
-from colossal_jax.config.flags import flags_of, values_of
+from colossal_jax.config.flags import ConfigFlag, flags_of, values_of
 
 PRESET_MODES = ("tensor_mode", "seq_mode", "zero")
 """The modes a ``--mesh`` preset may set (:func:`colossal_jax.config.parse_mesh`)."""
@@ -77,7 +77,14 @@ def config_from_args(args, n_devices: int) -> TrainConfig:
     optim = OptimConfig(**values_of(OptimConfig, args, family, prefix="optim."))
     cfg = TrainConfig(**fields, optim=optim, parallel=parallel)
     cfg = dataclasses.replace(cfg, **_other_family_defaults(family))
-    cfg = _apply_sets(cfg, args.set)
+    given = getattr(args, "given", frozenset())
+    flagged = {
+        (group, f.field): f
+        for group, cls in GROUPS.items()
+        for f in flags_of(cls)
+        if f.dest in given
+    }
+    cfg = _apply_sets(cfg, args.set, flagged)
     _check_model_name(cfg.model)
     return cfg
 
@@ -87,11 +94,20 @@ def _other_family_defaults(family: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in family.items() if k not in FAMILY_FLAGS and not k.startswith("optim.")}
 
 
-def _apply_sets(cfg: TrainConfig, sets: list[str]) -> TrainConfig:
+GROUPS = {"train": TrainConfig, "optim": OptimConfig, "parallel": ParallelConfig}
+"""The config classes whose fields ``--set`` reaches as ``<group>.<field>`` (``train.`` may be
+left out)."""
+
+
+def _apply_sets(
+    cfg: TrainConfig, sets: list[str], flagged: dict[tuple[str, str], ConfigFlag] | None = None
+) -> TrainConfig:
     """``--set KEY=VALUE`` items in order: ``model.<field>`` into ``model_overrides``,
     ``optim.<field>``, ``parallel.<field>``, or a plain TrainConfig field (``train.<field>``
-    too)."""
+    too). ``flagged``: ``(group, field) -> flag`` of the flags the command line gave; a ``--set``
+    of another value for one of them is a contradiction (a ConfigError naming both)."""
     groups = {"optim": OptimConfig, "parallel": ParallelConfig}
+    flagged = flagged or {}
     model_over = dict(cfg.model_overrides)
     for item in sets:
         if "=" not in item:
@@ -115,10 +131,10 @@ def _apply_sets(cfg: TrainConfig, sets: list[str]) -> TrainConfig:
                     f"--set {key}: {head} has no field {rest!r}; "
                     f"{suggest(rest, types_, suffix=' ')}fields: {', '.join(types_)}"
                 )
-            sub = dataclasses.replace(
-                getattr(cfg, head),
-                **{rest: _coerce(key, value, types_[rest], getattr(getattr(cfg, head), rest))},
-            )
+            now = getattr(getattr(cfg, head), rest)
+            new = _coerce(key, value, types_[rest], now)
+            _check_agrees(flagged.get((head, rest)), now, key, value, new)
+            sub = dataclasses.replace(getattr(cfg, head), **{rest: new})
             cfg = dataclasses.replace(cfg, **{head: sub})
         else:
             name = rest if head == "train" and rest else key
@@ -130,9 +146,23 @@ def _apply_sets(cfg: TrainConfig, sets: list[str]) -> TrainConfig:
                     f"--set {key}: unknown field; {near}use model.*, "
                     f"optim.*, parallel.* or one of {', '.join(plain)}"
                 )
-            example = getattr(cfg, name)
-            cfg = dataclasses.replace(cfg, **{name: _coerce(key, value, types_[name], example)})
+            now = getattr(cfg, name)
+            new = _coerce(key, value, types_[name], now)
+            _check_agrees(flagged.get(("train", name)), now, key, value, new)
+            cfg = dataclasses.replace(cfg, **{name: new})
     return dataclasses.replace(cfg, model_overrides=model_over)
+
+
+def _check_agrees(flag: ConfigFlag | None, now: Any, key: str, value: str, new: Any) -> None:
+    """A ``--set key=value`` (read as ``new``) of a field whose ``flag`` the command line gave
+    (None: not given) must not change the flag's value ``now``."""
+    if flag is None or new == now:
+        return
+    shown = ("on" if now else "off") if isinstance(now, bool) else now
+    raise ConfigError(
+        f"{flag.option} {shown} and --set {key}={value} contradict each other; give one of "
+        f"them (e.g. {flag.option} {value} alone)"
+    )
 
 
 def _coerce(key: str, value: str, annotation, example) -> object:

@@ -11,6 +11,7 @@ one line naming the flag and a valid value (:class:`ConfigError`), never a usage
 from __future__ import annotations
 
 import argparse
+import sys
 from typing import Any
 
 from colossal_jax.checks import preflight
@@ -34,6 +35,19 @@ class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
 
 
 class _Parser(argparse.ArgumentParser):
+    def parse_known_args(self, args=None, namespace=None):
+        """argparse's, with ``given``: the dests of the flags the command line names (a flag
+        given its default value is given; :func:`colossal_jax.cli.configure.config_from_args`
+        refuses a ``--set`` that contradicts one)."""
+        args = sys.argv[1:] if args is None else list(args)
+        parsed, extras = super().parse_known_args(args, namespace)
+        by_option = {s: a.dest for a in self._actions for s in a.option_strings}
+        words = args[: args.index("--")] if "--" in args else args
+        parsed.given = frozenset(
+            by_option[w.split("=", 1)[0]] for w in words if w.split("=", 1)[0] in by_option
+        )
+        return parsed, extras
+
     def error(self, message: str):  # one line, no usage dump, a valid alternative
         raise ConfigError(self._explain(message))
 

@@ -163,7 +163,6 @@ class ParallelConfig:
         (:func:`~colossal_jax.config.parallel_rules.check_parallel`);
         with ``n_devices``, also a mesh of another size."""
 
-
         check_parallel(self, n_devices)
 
     def short(self, axes: tuple[str, ...] = AXES) -> str:
@@ -211,7 +210,6 @@ class OptimConfig:
     def validate(self) -> None:
         """Values no optimizer can use: negative decay or clipping, moments outside [0, 1)
         (:func:`~colossal_jax.config.train_rules.check_optim`)."""
-
 
         check_optim(self)
 
