@@ -195,3 +195,54 @@ def test_item9_resuming_with_other_data_is_refused_like_another_seed(tmp_path):
         with pytest.raises(ConfigError) as e:
             resolve(dataclasses.replace(cfg, **again, **change), 8)
         assert flag in str(e.value) and "the data order would change" in str(e.value)
+
+
+# ---- item 7: a new run does not overwrite an earlier run's metrics ------------------------------
+
+
+def test_item7_a_new_run_refuses_a_metrics_file_with_records(tmp_path, nothing_compiles, capsys):
+    metrics = tmp_path / "m.jsonl"
+    metrics.write_text('{"step": 1, "loss": 5.0}\n' * 31)
+    line = _refused(["--metrics-file", str(metrics)], capsys)
+    assert str(metrics) in line and "--overwrite-metrics on" in line
+    assert len(metrics.read_text().splitlines()) == 31  # untouched
+    fresh = tmp_path / "ckpt"  # a new checkpoint directory starts a new run too
+    line = _refused(["--metrics-file", str(metrics), "--checkpoint-dir", str(fresh)], capsys)
+    assert "holds the records of an earlier run" in line
+
+
+def test_item7_overwrite_empty_files_and_resumed_runs_are_allowed(tmp_path):
+    from colossal_jax.checks.validate import check_metrics_file
+
+    metrics = tmp_path / "m.jsonl"
+    metrics.write_text('{"step": 1}\n')
+    cfg = TrainConfig(metrics_file=str(metrics))
+    with pytest.raises(ConfigError):
+        check_metrics_file(cfg, resumes=False)
+    check_metrics_file(cfg, resumes=True)  # a resumed run appends
+    check_metrics_file(dataclasses.replace(cfg, overwrite_metrics=True), resumes=False)
+    killed = tmp_path / "ckpt"  # an attempt killed before its first checkpoint left this
+    (killed / "tmp").mkdir(parents=True)
+    check_metrics_file(dataclasses.replace(cfg, checkpoint_dir=str(killed)), resumes=False)
+    metrics.write_text("")
+    check_metrics_file(cfg, resumes=False)
+
+
+@pytest.mark.slow
+def test_item7_the_flag_replaces_and_a_resume_appends(tmp_path):
+    import json
+
+    metrics, ckpt = tmp_path / "m.jsonl", tmp_path / "ckpt"
+    small = ["--set", "model.n_layer=1", "--batch-size", "8", "--seq-len", "16",
+             "--eval-every", "0", "--metrics-file", str(metrics)]  # fmt: skip
+    metrics.write_text('{"step": 1, "loss": 9.0}\n' * 31)
+    proc, _ = _train_process([*small, "--steps", "2", "--overwrite-metrics", "on"])
+    assert proc.returncode == 0, proc.stderr
+    assert [json.loads(x)["step"] for x in metrics.read_text().splitlines()] == [1, 2]
+    proc, _ = _train_process([*small, "--steps", "2", "--checkpoint-dir", str(ckpt)])
+    assert proc.returncode == 2 and "--overwrite-metrics on" in proc.stderr  # a new run
+    metrics.unlink()
+    for steps in ("2", "3"):  # a new run, then its resume, which appends
+        proc, _ = _train_process([*small, "--steps", steps, "--checkpoint-dir", str(ckpt)])
+        assert proc.returncode == 0, proc.stderr
+    assert [json.loads(x)["step"] for x in metrics.read_text().splitlines()] == [1, 2, 3]

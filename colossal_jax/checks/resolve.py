@@ -15,7 +15,9 @@ command line's):
 5. ``--init-from-hf`` (:func:`colossal_jax.hf.checks.model_overrides`) and the model sized for
    its task's data (:func:`colossal_jax.checks.validate.size_model`);
 6. the model, task and run rules (:mod:`colossal_jax.config.model_rules`);
-7. a checkpoint to resume must fit the run (:func:`colossal_jax.checks.preflight.check_resume`);
+7. a checkpoint to resume must fit the run (:func:`colossal_jax.checks.preflight.check_resume`),
+   and a new run must not replace an earlier run's metrics file
+   (:func:`colossal_jax.checks.validate.check_metrics_file`);
 8. the memory floor of the training state, when the devices' memory is known.
 
 :func:`bind` binds a plan resolved before JAX started (for a device count) to the devices JAX
@@ -39,8 +41,18 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-from colossal_jax.checks.preflight import CHECKS, check_field, check_resume
-from colossal_jax.checks.validate import check_host_batch, host_memory_bytes, size_model
+from colossal_jax.checks.preflight import (
+    CHECKS,
+    check_field,
+    check_resume,
+    latest_checkpoint_meta,
+)
+from colossal_jax.checks.validate import (
+    check_host_batch,
+    check_metrics_file,
+    host_memory_bytes,
+    size_model,
+)
 from colossal_jax.config.choices import IMAGE_DATA, MESH_ORDER
 from colossal_jax.config.errors import ConfigError
 from colossal_jax.config.families import MODELS, family_of
@@ -90,6 +102,9 @@ def resolve(config: TrainConfig, devices: Devices | int) -> Plan:
     check_run(config, model)
     if config.checkpoint_dir is not None:
         check_resume(config, model=model)
+    if config.metrics_file is not None:
+        resumes = latest_checkpoint_meta(config.checkpoint_dir) is not None
+        check_metrics_file(config, resumes=resumes)
     capacity = devices.capacity(par.size)
     if capacity is not None:
         check_memory(config, model, *capacity)

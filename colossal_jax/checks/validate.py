@@ -1,5 +1,7 @@
-"""The run's model config sized for its task's data (:func:`size_model`) and the batch sized for
-the host's memory (:func:`check_host_batch`), for :func:`colossal_jax.checks.resolve.resolve`."""
+"""The rules of :func:`colossal_jax.checks.resolve.resolve` that read the host: the run's model
+config sized for its task's data (:func:`size_model`), the batch sized for the host's memory
+(:func:`check_host_batch`) and a metrics file a new run would overwrite
+(:func:`check_metrics_file`)."""
 
 from __future__ import annotations
 
@@ -83,3 +85,25 @@ def _size(n: float) -> str:
             return f"{n:.0f} {unit}" if unit == "bytes" else f"{n:.1f} {unit}"
         n /= 1024
     raise AssertionError
+
+
+def check_metrics_file(cfg: TrainConfig, resumes: bool) -> None:
+    """A new run (``resumes`` False) does not replace the records of an earlier run: a
+    ``--metrics-file`` that holds any is refused unless ``--overwrite-metrics on``, or unless
+    ``--checkpoint-dir`` exists and holds something (the same run, killed before its first
+    checkpoint; its records are recomputed). A resumed run appends (:class:`colossal_jax.
+    runtime.metrics.MetricsWriter` keeps the records up to the step it resumes from)."""
+    path = cfg.metrics_file
+    if path is None or resumes or cfg.overwrite_metrics:
+        return
+    try:
+        holds = Path(path).stat().st_size > 0
+    except OSError:
+        return
+    ckpt = cfg.checkpoint_dir
+    if not holds or (ckpt is not None and Path(ckpt).is_dir() and any(Path(ckpt).iterdir())):
+        return
+    raise ConfigError(
+        f"--metrics-file {path} holds the records of an earlier run and this run starts anew; "
+        "give another --metrics-file, delete it, or pass --overwrite-metrics on to replace it"
+    )

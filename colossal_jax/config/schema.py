@@ -246,7 +246,13 @@ class TrainConfig:
       checkpoint_dir, checkpoint_every: orbax checkpoints (every N steps and at the end).
       keep_checkpoints: how many of the latest checkpoints to keep (older ones are deleted); a
         damaged latest one is skipped for the one before it.
-      metrics_file: JSON lines, one record per step. tensorboard_dir: TensorBoard event files.
+      metrics_file: JSON lines, one record per step. A resumed run keeps the records up to the
+        step it resumes from and appends; a new run (nothing to resume) refuses a file that
+        holds records unless ``overwrite_metrics``, so an earlier run's records are never lost
+        by accident. A ``checkpoint_dir`` that exists and holds anything (an attempt killed
+        before its first checkpoint) counts as the same run: its records are replaced.
+      overwrite_metrics: let a new run replace a ``metrics_file`` that holds records.
+      tensorboard_dir: TensorBoard event files.
       devices: use the first N devices (default: all).
       attention: ``auto | xla | cudnn`` block attention kernel (``auto``: cuDNN flash attention
         on a GPU in bf16, the XLA reference otherwise). It applies with no sequence split and to
@@ -315,7 +321,16 @@ class TrainConfig:
         3, "keep the K latest checkpoints (a damaged latest one is skipped for the one before)"
     )
     metrics_file: str | None = flag(
-        None, "JSON lines, one record per step", example="/tmp/metrics.jsonl"
+        None,
+        "JSON lines, one record per step; a resumed run appends, a new run refuses a file "
+        "that holds records (see --overwrite-metrics)",
+        example="/tmp/metrics.jsonl",
+    )
+    overwrite_metrics: bool = flag(
+        False,
+        "let a new run replace the records of a --metrics-file that holds some (a resumed run "
+        "appends to it either way)",
+        example="on",
     )
     tensorboard_dir: str | None = flag(
         None, "write TensorBoard event files here", example="/tmp/tb"
