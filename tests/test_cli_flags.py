@@ -19,8 +19,8 @@ TRAIN_FLAGS = """
 --help --set --no-progress --list-models --list-meshes
 --model --steps --batch-size --seq-len --precision --remat --grad-accum --device-batch --offload
 --seed --data --checkpoint-dir --checkpoint-every --keep-checkpoints --metrics-file
---overwrite-metrics --tensorboard-dir --attention --eval-every --peak-tflops --xla-preset --profile-dir
---profile-steps --init-from-hf
+--overwrite-metrics --tensorboard-dir --attention --eval-every --peak-tflops --xla-preset
+--profile-dir --profile-steps --init-from-hf
 --optimizer --lr --warmup-steps --weight-decay --clip-norm
 --mesh --devices --tensor-mode --tensor-depth --seq-mode --zero --pipeline --microbatches
 --virtual-stages --collective-matmul
