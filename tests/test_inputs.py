@@ -246,3 +246,57 @@ def test_item7_the_flag_replaces_and_a_resume_appends(tmp_path):
         proc, _ = _train_process([*small, "--steps", steps, "--checkpoint-dir", str(ckpt)])
         assert proc.returncode == 0, proc.stderr
     assert [json.loads(x)["step"] for x in metrics.read_text().splitlines()] == [1, 2, 3]
+
+
+# ---- item 6: mesh presets are parsed strictly ------------------------------------------------
+
+PRESETS = {
+    "zer0": (
+        "[mesh]\ndata = 8\n[modes]\nzer0 = 1\n",
+        "[modes] has no key 'zer0'; did you mean 'zero'?",
+    ),
+    "no_header": ("data = 8\n", "data = 8 is outside a section; put it under [mesh]"),
+    "empty": ("# a preset\n", "sets no axis and no mode"),
+    "zero_str": ('[mesh]\ndata = 8\n[modes]\nzero = "1"\n', 'zero = "1" must be an integer'),
+    "zero_bool": ("[mesh]\ndata = 8\n[modes]\nzero = true\n", "zero = true must be an integer"),
+    "meshes": ("[meshes]\ndata = 8\n", "unknown section [meshes]; did you mean [mesh]?"),
+    "dat": ("[mesh]\ndat = 8\n", "[mesh] has no key 'dat'; did you mean 'data'?"),
+    "mode_int": ("[modes]\ntensor_mode = 2\n", "tensor_mode = 2 must be a string"),
+}
+
+
+@pytest.mark.parametrize("name", PRESETS)
+def test_item6_a_preset_is_parsed_strictly(name, tmp_path, nothing_compiles, capsys):
+    text, message = PRESETS[name]
+    preset = tmp_path / f"{name}.toml"
+    preset.write_text(text)
+    line = _refused(["--mesh", str(preset)], capsys)
+    assert str(preset) in line and message in line, line
+
+
+def test_item6_every_shipped_preset_is_valid_and_a_good_one_still_reads(tmp_path):
+    from colossal_jax.config import list_presets, parse_mesh
+    from colossal_jax.config.mesh_spec import _meshes_dir, read_preset
+
+    for name in list_presets():
+        read_preset(_meshes_dir() / f"{name}.toml")
+    good = tmp_path / "good.toml"
+    good.write_text('[mesh]\ntensor = 4\n[modes]\ntensor_mode = "2d"\nzero = 1\n')
+    assert parse_mesh(str(good), 8) == {
+        "tensor_row": 2, "tensor_col": 2, "data": 2, "tensor_mode": "2d", "zero": 1,
+    }  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "total,mode,suggestion",
+    [
+        (8, "2d", "use tensor=4 (2×2), which divides 8, or --tensor-mode 2.5d --tensor-depth 2"),
+        (2, "2d", "use --tensor-mode 1d for tensor=2"),
+        (8, "2.5d", "--tensor-depth 2 makes tensor=8 a 2×2×2 grid"),
+        (4, "3d", "use --tensor-mode 1d or 2d for tensor=4"),
+        (16, "3d", "use tensor=8 (2×2×2), which divides 16"),
+    ],
+)
+def test_item6_a_tensor_shorthand_suggests_a_grid_that_fits(total, mode, suggestion, capsys):
+    line = _refused(["--mesh", f"tensor={total}", "--tensor-mode", mode], capsys)
+    assert suggestion in line and "tensor=9" not in line, line

@@ -173,11 +173,81 @@ def _preset_path(spec: str) -> Path | None:
     return None
 
 
-def _load_preset(path: Path, n_devices: int | None) -> dict[str, Any]:
+PRESET_KEYS = {
+    "mesh": {**dict.fromkeys(AXES, int), "tensor": int},
+    "modes": {"tensor_mode": str, "seq_mode": str, "zero": int, "tensor_depth": int},
+}
+"""The sections of a mesh preset and the type of each key: ``[mesh]`` the axis sizes (or the
+``tensor`` shorthand), ``[modes]`` the modes; nothing else is read, so nothing else is allowed."""
+
+
+def read_preset(path: Path) -> dict[str, dict[str, Any]]:
+    """The sections of the preset ``path``, parsed strictly: valid TOML, only the sections and
+    keys of :data:`PRESET_KEYS` (a near miss named: ``[modes] zer0`` → did you mean 'zero'?),
+    each value of its key's type (a bool is not an int) and at least one axis or mode. Raises
+    :class:`ConfigError` naming the file, the section and the key."""
     try:
         doc = tomllib.loads(path.read_text())
     except tomllib.TOMLDecodeError as e:
         raise ConfigError(f"--mesh {path}: not valid TOML ({e})") from None
+    for section, table in doc.items():
+        if section not in PRESET_KEYS:
+            raise ConfigError(f"--mesh {path}: {_misplaced(section, table)}")
+        keys = PRESET_KEYS[section]
+        if not isinstance(table, dict):
+            raise ConfigError(f"--mesh {path}: {section} must be a section [{section}]")
+        for key, value in table.items():
+            if key not in keys:
+                raise ConfigError(
+                    f"--mesh {path}: [{section}] has no key {key!r}; {_near(key, keys)}"
+                    f"(its keys: {', '.join(keys)})"
+                )
+            kind = keys[key]
+            if not isinstance(value, kind) or isinstance(value, bool):
+                example = 1 if kind is int else '"2d"' if key == "tensor_mode" else '"ring"'
+                raise ConfigError(
+                    f"--mesh {path}: [{section}] {key} = {_toml(value)} must be "
+                    f"{'an integer' if kind is int else 'a string'} (e.g. {key} = {example})"
+                )
+    if not any(doc.get(section) for section in PRESET_KEYS):
+        raise ConfigError(
+            f"--mesh {path} sets no axis and no mode; give [mesh] axis sizes (e.g. data = 8) "
+            "and/or [modes], or omit --mesh for data parallelism over every device"
+        )
+    return doc
+
+
+def _near(name: str, valid: Any, show: str = "{!r}") -> str:
+    """``did you mean 'x'? `` for a near miss of ``name`` among ``valid``, else ""."""
+    close = difflib.get_close_matches(name, list(valid), n=1)
+    return f"did you mean {show.format(close[0])}? " if close else ""
+
+
+def _misplaced(name: str, value: Any) -> str:
+    """What is wrong with a top-level entry ``name`` of a preset that is not a known section:
+    an unknown section, or a key written outside a section."""
+    sections = "[mesh] (axis sizes) and [modes] (tensor_mode, seq_mode, zero, tensor_depth)"
+    if isinstance(value, dict):
+        return (
+            f"unknown section [{name}]; {_near(name, PRESET_KEYS, '[{}]')}a preset has {sections}"
+        )
+    home = [s for s, keys in PRESET_KEYS.items() if name in keys]
+    where = f"under [{home[0]}]" if home else f"in {sections}"
+    return f"{name} = {_toml(value)} is outside a section; put it {where}"
+
+
+def _toml(value: Any) -> str:
+    return (
+        f'"{value}"'
+        if isinstance(value, str)
+        else str(value).lower()
+        if isinstance(value, bool)
+        else repr(value)
+    )
+
+
+def _load_preset(path: Path, n_devices: int | None) -> dict[str, Any]:
+    doc = read_preset(path)
     mesh = doc.get("mesh", {})
     spec = ",".join(f"{k}={v}" for k, v in mesh.items())
     modes = doc.get("modes", {})

@@ -188,8 +188,7 @@ class TwoD(TensorMode):
         q = math.isqrt(total)
         if q * q != total:
             raise ConfigError(
-                f"tensor={total} is not a square, as {self.name} needs (q×q); use "
-                f"tensor={q * q} or {(q + 1) ** 2}"
+                f"tensor={total} is not a square, as {self.name} needs (q×q); {_squares(total)}"
             )
         return {"tensor_row": q, "tensor_col": q}
 
@@ -247,9 +246,16 @@ class TwoP5D(TwoD):
             raise ConfigError(f"tensor={total} is not divisible by --tensor-depth {d}")
         q = math.isqrt(total // d)
         if q * q * d != total:
+            sides = [q for q in range(2, math.isqrt(total) + 1) if total % (q * q) == 0]
+            fix = (
+                f"--tensor-depth {total // (sides[-1] ** 2)} makes tensor={total} a "
+                f"{sides[-1]}×{sides[-1]}×{total // (sides[-1] ** 2)} grid"
+                if sides
+                else f"use --tensor-mode 1d for tensor={total}"
+            )
             raise ConfigError(
-                f"tensor={total} is not q×q×{d} for any q; {self.name} needs tensor = q²·depth "
-                f"(e.g. tensor={4 * d} for q=2)"
+                f"tensor={total} is not q×q×{d} for any q; {self.name} needs tensor = q²·depth; "
+                f"{fix}"
             )
         return {"tensor_row": q, "tensor_col": q, "tensor_depth": d}
 
@@ -300,9 +306,15 @@ class ThreeD(TensorMode):
     def factor(self, total: int, depth: int | None) -> dict[str, int]:
         q = round(total ** (1 / 3))
         if q**3 != total:
-            raise ConfigError(
-                f"tensor={total} is not a cube, as {self.name} needs (q×q×q); use 8 or 64"
+            sides = [c for c in range(2, q + 2) if c**3 <= total and total % c**3 == 0]
+            fix = (
+                f"use tensor={sides[-1] ** 3} ({sides[-1]}×{sides[-1]}×{sides[-1]}), which "
+                f"divides {total}"
+                if sides
+                else "the smallest cube is tensor=8 (2×2×2); use --tensor-mode 1d or 2d for "
+                f"tensor={total}"
             )
+            raise ConfigError(f"tensor={total} is not a cube, as {self.name} needs (q×q×q); {fix}")
         return {"tensor_row": q, "tensor_col": q, "tensor_depth": q}
 
     def split(self, r: int, c: int, d: int) -> TensorSplit:
@@ -395,3 +407,15 @@ register(
         "colossal_jax.tensor.three_d:ThreeDLayout",
     )
 )
+
+
+def _squares(total: int) -> str:
+    """What to use instead of ``tensor=total`` for a q×q grid: the largest square that divides
+    it (it fits the devices ``total`` was meant to), or 2.5d / 1d."""
+    sides = [q for q in range(2, math.isqrt(total) + 1) if total % (q * q) == 0]
+    if not sides:
+        return f"use --tensor-mode 1d for tensor={total}"
+    q = sides[-1]
+    depth = total // (q * q)
+    also = f", or --tensor-mode 2.5d --tensor-depth {depth} ({q}×{q}×{depth})" if depth > 1 else ""
+    return f"use tensor={q * q} ({q}×{q}), which divides {total}{also}"
