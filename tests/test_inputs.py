@@ -300,3 +300,65 @@ def test_item6_every_shipped_preset_is_valid_and_a_good_one_still_reads(tmp_path
 def test_item6_a_tensor_shorthand_suggests_a_grid_that_fits(total, mode, suggestion, capsys):
     line = _refused(["--mesh", f"tensor={total}", "--tensor-mode", mode], capsys)
     assert suggestion in line and "tensor=9" not in line, line
+
+
+# ---- item 10: what a run owes its user ----------------------------------------------------------
+
+
+def test_item10_a_corpus_too_small_to_hold_out_says_evaluation_is_dropped(tmp_path):
+    from types import SimpleNamespace
+
+    from colossal_jax.data.corpus import load_corpus
+    from colossal_jax.data.tasks import make_batches
+
+    text = tmp_path / "tiny.txt"
+    text.write_text("hello world, a tiny corpus! " * 4)  # 112 tokens
+    cfg = TrainConfig(data=str(text), seq_len=64)
+    model = SimpleNamespace(vocab_size=256)
+    _, held, note = make_batches(cfg, "causal_lm", model, load_corpus(cfg.data))
+    assert held is None and "too few to hold out" in note and "does not evaluate" in note
+    assert "--seq-len 54 or less" in note
+    quiet = dataclasses.replace(cfg, eval_every=0)  # evaluation off: nothing to say
+    assert make_batches(quiet, "causal_lm", model, load_corpus(cfg.data))[2] is None
+    roomy = dataclasses.replace(cfg, seq_len=16)
+    _, held, note = make_batches(roomy, "causal_lm", model, load_corpus(cfg.data))
+    assert held is not None and note is None
+
+
+def test_item10_generated_images_in_place_of_the_digits_are_in_the_summary_line(monkeypatch):
+    from types import SimpleNamespace
+
+    import colossal_jax.data.images as images
+    from colossal_jax.data.tasks import make_batches
+    from colossal_jax.training.summary import summary_line
+
+    monkeypatch.setattr(images, "digits", lambda: None)  # as without scikit-learn
+    model = SimpleNamespace(image_size=8, channels=1, num_classes=10, patch_size=2)
+    cfg = TrainConfig(model="vit-tiny", data="digits", seq_len=17)
+    train, _, note = make_batches(cfg, "image_classification", model, None)
+    assert "scikit-learn is not installed" in note and train.caveat == images.STAND_IN
+    shapes = make_batches(dataclasses.replace(cfg, data="shapes"), "image_classification",
+                          model, None)[0]  # fmt: skip
+    assert shapes.caveat is None
+    summary = SimpleNamespace(
+        losses=[2.3, 1.0], start_step=0, final_step=2, first_loss=2.3, final_loss=1.0,
+        eval_losses=[2.3, 1.9], first_eval_loss=2.3, final_eval_loss=1.9,
+        first_eval_accuracy=0.1, final_eval_accuracy=0.31, tokens_per_s=1.0, mfu=None,
+        compile_s=1.0, wall_s=2.0,
+    )  # fmt: skip
+    line = summary_line(summary, None, train.caveat)
+    assert "eval accuracy 10.0% -> 31.0%; trained on generated images, not the digits" in line
+
+
+def test_item10_the_hf_extra_does_not_pull_torch():
+    """``pip install -e ".[hf]"`` pulled a CUDA build of torch and ~20 NVIDIA packages on a CPU
+    machine: the extra holds transformers only (it needs no torch), and the docs say how to get
+    the torch build that fits the machine."""
+    import tomllib
+
+    extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    hf = extras["optional-dependencies"]["hf"]
+    assert not any(r.lower().startswith(("torch", "nvidia")) for r in hf), hf
+    assert any(r.startswith("transformers") for r in hf)
+    doc = (ROOT / "docs" / "huggingface.md").read_text()
+    assert "https://download.pytorch.org/whl/cpu" in doc and "several GB" in doc

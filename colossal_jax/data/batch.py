@@ -70,6 +70,11 @@ class CorpusBatches(abc.ABC):
         return self.corpus.name
 
     @property
+    def caveat(self) -> str | None:
+        """Nothing the summary line must repeat about a token corpus."""
+        return None
+
+    @property
     @abc.abstractmethod
     def corpus_tokens_per_sequence(self) -> int:
         """Tokens of the corpus one sequence of the batch reads."""

@@ -129,6 +129,16 @@ def generated(size: int, channels: int, num_classes: int) -> GeneratedImages:
     )
 
 
+STAND_IN = "trained on generated images, not the digits (scikit-learn is not installed)"
+"""The summary line's caveat when generated images stood in for ``--data digits``."""
+
+
+def spec_stands_in(spec: str, note: str | None) -> bool:
+    """Whether :func:`load_images` of ``spec`` gave generated images in place of the digits
+    (its ``note``)."""
+    return spec == "digits" and note is not None
+
+
 def load_images(
     spec: str, size: int, channels: int, num_classes: int
 ) -> tuple[ImageSource, str | None]:
@@ -175,6 +185,8 @@ class ImageBatches:
         weight-0 images (evaluation); otherwise draw ``batch_size`` distinct images per step from
         a generator seeded by ``(seed, step)`` (training).
       layout_order: a permutation of the sequence (ring attention's zigzag), or None.
+      caveat: what the run's summary line repeats about these images (:data:`STAND_IN`), or
+        None.
     """
 
     source: ImageSource
@@ -184,6 +196,7 @@ class ImageBatches:
     patch_size: int
     ordered: bool = False
     layout_order: np.ndarray | None = None
+    caveat: str | None = None
 
     @property
     def name(self) -> str:

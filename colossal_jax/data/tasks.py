@@ -48,6 +48,12 @@ class TaskBatches(Protocol):
 
     def epochs(self, steps: int) -> str | None: ...
 
+    @property
+    def caveat(self) -> str | None:
+        """What the run's summary line repeats about the data (generated images standing in
+        for the digits), or None."""
+        ...
+
 
 def model_vocab(task: str, data_vocab: int | None) -> int | None:
     """The vocabulary a corpus of ``data_vocab`` token ids gives the model (None: the data does
@@ -91,12 +97,19 @@ def make_batches(
     attention's zigzag) applied to every array of every batch."""
     b, s, seed = cfg.batch_size, cfg.seq_len, cfg.seed
     if task == "image_classification":
-        from colossal_jax.data.images import ImageBatches, load_images, split
+        from colossal_jax.data.images import (
+            STAND_IN,
+            ImageBatches,
+            load_images,
+            spec_stands_in,
+            split,
+        )
 
         source, note = load_images(cfg.data, model.image_size, model.channels, model.num_classes)
         train_idx, held_idx = split(source)
         p = model.patch_size
-        train = ImageBatches(source, train_idx, b, seed, p, layout_order=order)
+        caveat = STAND_IN if spec_stands_in(cfg.data, note) else None
+        train = ImageBatches(source, train_idx, b, seed, p, layout_order=order, caveat=caveat)
         held = ImageBatches(source, held_idx, b, seed, p, ordered=True, layout_order=order)
         return train, held, note
     assert corpus is not None
@@ -111,4 +124,13 @@ def make_batches(
         def make(c: Corpus) -> TaskBatches:
             return Batches(c, b, s, seed, model.vocab_size, order)
 
-    return make(train_corpus), (make(held_out) if held_out is not None else None), None
+    note = None
+    if held_out is None and corpus.tokens is not None and cfg.eval_every:
+        n, fits = len(corpus.tokens), (len(corpus.tokens) - 3) // 2
+        shorter = f"; --seq-len {fits} or less would hold some out" if fits >= 2 else ""
+        note = (
+            f"--data {cfg.data} holds {n:,} tokens, too few to hold out a sequence for "
+            f"evaluation beside training at --seq-len {s} (that needs at least {2 * s + 3:,}): "
+            f"the run trains on all of them and does not evaluate{shorter}"
+        )
+    return make(train_corpus), (make(held_out) if held_out is not None else None), note

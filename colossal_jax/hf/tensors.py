@@ -7,7 +7,8 @@
   from disk only the parts each process's devices hold. ``BF16`` becomes ``ml_dtypes.bfloat16``
   (shipped with JAX).
 - ``pytorch_model.bin`` (or shards listed by ``pytorch_model.bin.index.json``): needs torch
-  (``pip install -e ".[hf]"``); loaded memory-mapped with ``torch.load(weights_only=True)``.
+  (the build for the machine, docs/huggingface.md; the ``hf`` extra leaves it out); loaded
+  memory-mapped with ``torch.load(weights_only=True)``.
 - Writing (:func:`write_safetensors`): one ``model.safetensors``, the tensors streamed one at a
   time, with the ``{"format": "pt"}`` metadata ``transformers`` expects.
 """
@@ -83,8 +84,9 @@ def _read_torch(path: Path) -> dict[str, np.ndarray]:
         import torch
     except ImportError:
         raise ConfigError(
-            f"{path} is a PyTorch pickle, which needs torch to read: pip install -e '.[hf]', or "
-            "save the model with safetensors (save_pretrained's default)"
+            f"{path} is a PyTorch pickle, which needs torch to read: install torch (the build for "
+            "this machine: docs/huggingface.md), or save the model with safetensors "
+            "(save_pretrained's default)"
         ) from None
     state = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
     out = {}

@@ -110,8 +110,10 @@ def summarize(
     )
 
 
-def summary_line(s: Summary, ckpt: Checkpointer | None) -> str:
-    """``done: steps 0->50; loss 10.8 -> 6.1; …`` (or ``nothing to do`` when no step ran)."""
+def summary_line(s: Summary, ckpt: Checkpointer | None, caveat: str | None = None) -> str:
+    """``done: steps 0->50; loss 10.8 -> 6.1; …`` (or ``nothing to do`` when no step ran);
+    ``caveat``: what the data's note said that the figures depend on (generated images in place
+    of the digits), repeated after the accuracy."""
     if not s.losses:
         return f"nothing to do: already at step {s.final_step}"
     parts = [
@@ -124,6 +126,7 @@ def summary_line(s: Summary, ckpt: Checkpointer | None) -> str:
             if s.first_eval_accuracy is not None and s.final_eval_accuracy is not None
             else ""
         ),
+        caveat or "",
         f"{s.tokens_per_s:,.0f} tokens/s" if s.tokens_per_s else "",
         f"MFU {100 * s.mfu:.1f}%" if s.mfu is not None else "MFU n/a (unknown device peak)",
         f"compile {s.compile_s:.1f}s",

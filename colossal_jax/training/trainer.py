@@ -99,7 +99,7 @@ def _train(
     del params, opt_state  # the loop's now: donated to its first step
     loop.run_steps(hooks)
     summary = summarize(loop, evaluation, compile_s=compile_s, wall_s=time.perf_counter() - t_start)
-    say(summary_line(summary, ckpt))
+    say(summary_line(summary, ckpt, run.batches.caveat))
     return summary
 
 
