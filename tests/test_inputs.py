@@ -259,7 +259,7 @@ PRESETS = {
     "empty": ("# a preset\n", "sets no axis and no mode"),
     "zero_str": ('[mesh]\ndata = 8\n[modes]\nzero = "1"\n', 'zero = "1" must be an integer'),
     "zero_bool": ("[mesh]\ndata = 8\n[modes]\nzero = true\n", "zero = true must be an integer"),
-    "meshes": ("[meshes]\ndata = 8\n", "unknown section [meshes]; did you mean [mesh]?"),
+    "meshes": ("[meshes]\ndata = 8\n", "unknown section [meshes]; did you mean 'mesh'?"),
     "dat": ("[mesh]\ndat = 8\n", "[mesh] has no key 'dat'; did you mean 'data'?"),
     "mode_int": ("[modes]\ntensor_mode = 2\n", "tensor_mode = 2 must be a string"),
 }

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from colossal_jax.config.choices import AXES
-from colossal_jax.config.errors import ConfigError
+from colossal_jax.config.errors import ConfigError, suggest
 from colossal_jax.config.parallel_rules import factor_tensor
 from colossal_jax.config.tensor_modes import takes_depth
 
@@ -199,8 +199,8 @@ def read_preset(path: Path) -> dict[str, dict[str, Any]]:
         for key, value in table.items():
             if key not in keys:
                 raise ConfigError(
-                    f"--mesh {path}: [{section}] has no key {key!r}; {_near(key, keys)}"
-                    f"(its keys: {', '.join(keys)})"
+                    f"--mesh {path}: [{section}] has no key {key!r}; "
+                    f"{suggest(key, keys, suffix=' ')}(its keys: {', '.join(keys)})"
                 )
             kind = keys[key]
             if not isinstance(value, kind) or isinstance(value, bool):
@@ -217,33 +217,23 @@ def read_preset(path: Path) -> dict[str, dict[str, Any]]:
     return doc
 
 
-def _near(name: str, valid: Any, show: str = "{!r}") -> str:
-    """``did you mean 'x'? `` for a near miss of ``name`` among ``valid``, else ""."""
-    close = difflib.get_close_matches(name, list(valid), n=1)
-    return f"did you mean {show.format(close[0])}? " if close else ""
-
-
 def _misplaced(name: str, value: Any) -> str:
     """What is wrong with a top-level entry ``name`` of a preset that is not a known section:
     an unknown section, or a key written outside a section."""
     sections = "[mesh] (axis sizes) and [modes] (tensor_mode, seq_mode, zero, tensor_depth)"
     if isinstance(value, dict):
-        return (
-            f"unknown section [{name}]; {_near(name, PRESET_KEYS, '[{}]')}a preset has {sections}"
-        )
+        near = suggest(name, PRESET_KEYS, suffix=" ")
+        return f"unknown section [{name}]; {near}a preset has {sections}"
     home = [s for s, keys in PRESET_KEYS.items() if name in keys]
     where = f"under [{home[0]}]" if home else f"in {sections}"
     return f"{name} = {_toml(value)} is outside a section; put it {where}"
 
 
 def _toml(value: Any) -> str:
-    return (
-        f'"{value}"'
-        if isinstance(value, str)
-        else str(value).lower()
-        if isinstance(value, bool)
-        else repr(value)
-    )
+    """``value`` as TOML writes it: ``"1"``, ``true``, ``8``."""
+    if isinstance(value, str):
+        return f'"{value}"'
+    return str(value).lower() if isinstance(value, bool) else repr(value)
 
 
 def _load_preset(path: Path, n_devices: int | None) -> dict[str, Any]:
