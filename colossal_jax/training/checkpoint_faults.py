@@ -83,22 +83,27 @@ def _mib(n: int) -> str:
 
 
 class _OrbaxErrors(logging.Filter):
-    """Drops orbax's error records (each a traceback of a writer thread): the failure they log
-    is raised again in the main thread, where it ends in one line."""
+    """Drops orbax's warning and error records, and asyncio's about orbax's tasks (``Task
+    exception was never retrieved``): a failed write (a traceback per writer thread and task)
+    is raised again in the main thread, and a damaged step (``Metadata file does not exist``)
+    is found by the restore; each ends in one line of ours."""
 
     def filter(self, record: logging.LogRecord) -> bool:
-        return not (record.levelno >= logging.ERROR and "orbax" in record.pathname)
+        if record.levelno < logging.WARNING:
+            return True
+        return "/orbax/" not in record.pathname and "/orbax/" not in record.getMessage()
 
 
 def quiet_orbax() -> None:
-    """Install, once per process, the filter of orbax's error records on the ``absl`` logger
-    and the hook that drops tensorstore's callbacks into orbax's closed event loop (after a
-    failed read or write tensorstore completes the operations orbax abandoned, and each
-    callback prints a ``RuntimeError('Event loop is closed')`` traceback through
-    ``sys.unraisablehook``); anything else goes to the hook that was there."""
-    absl = logging.getLogger("absl")
-    if not any(isinstance(f, _OrbaxErrors) for f in absl.filters):
-        absl.addFilter(_OrbaxErrors())
+    """Install, once per process, the filter of orbax's warnings and errors on the ``absl`` and
+    ``asyncio`` loggers, and the hook that drops tensorstore's callbacks into orbax's closed
+    event loop (after a failed read or write tensorstore completes the operations orbax
+    abandoned, and each callback prints a ``RuntimeError('Event loop is closed')`` traceback
+    through ``sys.unraisablehook``); anything else goes to the hook that was there."""
+    for name in ("absl", "asyncio"):
+        logger = logging.getLogger(name)
+        if not any(isinstance(f, _OrbaxErrors) for f in logger.filters):
+            logger.addFilter(_OrbaxErrors())
     previous = sys.unraisablehook
     if getattr(previous, "_colossal_quiet", False):
         return
