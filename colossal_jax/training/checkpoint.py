@@ -126,7 +126,7 @@ class Checkpointer:
             where = self._set_aside(step)
             moved = f"; moved to {where.name}" if where is not None else ""
             warn(
-                f"warning: checkpoint step {step} in {self.directory} is damaged "
+                f"warning: checkpoint step {step} in {self.directory} is incomplete or corrupt "
                 f"({why}{moved}); {then}"
             )
         if failed:
@@ -313,7 +313,7 @@ def restore_params(
             continue
         for bad, why in failed:
             warn(
-                f"warning: checkpoint step {bad} in {root} is damaged ({why}); "
+                f"warning: checkpoint step {bad} in {root} is incomplete or corrupt ({why}); "
                 f"using step {s}"
             )
         return params, meta
