@@ -145,7 +145,13 @@ def fault_loop(rounds: int, steps: int, seed: int, workdir: Path) -> tuple[list[
     problems: list[str] = []
     counts = dict.fromkeys(FAULTS, 0)
     for i in range(rounds):
-        kind = rng.choice(FAULTS if _steps(ckpt) else ("full-disk", "sigkill"))  # no damage yet
+        on_disk = _steps(ckpt)
+        if not on_disk:
+            kind = rng.choice(("full-disk", "sigkill"))  # nothing to damage yet
+        elif on_disk[-1] >= steps:
+            kind = rng.choice(FAULTS[:4])  # nothing left to save: damage first
+        else:
+            kind = rng.choice(FAULTS)
         counts[kind] += 1
         line, found = one_round(i, kind, ckpt, metrics, workdir, steps, rng)
         problems += found
