@@ -222,3 +222,15 @@ def test_a_resumed_summary_reports_only_evaluations_the_metrics_file_holds(train
     }
     assert resumed.start_step == 4
     assert resumed.eval_losses == sorted(written.items()) == [(5, written[5]), (6, written[6])]
+
+
+@pytest.mark.slow
+def test_fault_loop_ends_every_round_in_one_line_and_loses_nothing():
+    """Acceptance 2 in small: three seeded rounds of ``scripts/fault_loop.py`` (20 by hand)."""
+    out = subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / "fault_loop.py"), "--rounds", "3", "--steps", "6",
+         "--seed", "2"],
+        capture_output=True, text=True, timeout=900, env=crashlib.env(),
+    )  # fmt: skip
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "losses bit for bit" in out.stdout.splitlines()[-1]
