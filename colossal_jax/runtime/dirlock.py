@@ -35,8 +35,15 @@ class DirectoryLock:
     def acquire(self, note: Callable[[str], None]) -> None:
         """Take the lock, or raise a :class:`ConfigError` naming the run that holds it. A lock
         left by a killed run is taken over, with a ``note``."""
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError as e:
+            raise ConfigError(
+                f"--checkpoint-dir {self.path.parent}: cannot create its lock file {self.path} "
+                f"({e.strerror}); use a directory this user can write, or another "
+                "--checkpoint-dir"
+            ) from None
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError as e:
