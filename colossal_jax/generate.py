@@ -84,8 +84,9 @@ def window(prompt_len: int, new: int, block_size: int, multiple: int) -> int:
 class Sampler:
     """A checkpoint's parameters in a mesh, and the compiled next-token step.
 
-    ``Sampler(checkpoint_dir, parallel, devices=n)`` restores the latest checkpoint (or
-    ``step``) into ``parallel``'s mesh (default: one device; ``devices`` defaults to the mesh's
+    ``Sampler(checkpoint_dir, parallel, devices=n)`` restores the latest checkpoint that can be
+    read (a damaged newer one is skipped with a warning on stderr and left in place), or
+    ``step``, into ``parallel``'s mesh (default: one device; ``devices`` defaults to the mesh's
     size, the first devices); :meth:`sample` generates from a prompt."""
 
     def __init__(
@@ -97,7 +98,9 @@ class Sampler:
         step: int | None = None,
     ):
         from colossal_jax.checks.preflight import latest_checkpoint_meta
+        from colossal_jax.training.checkpoint import check_step
 
+        check_step(checkpoint_dir, step)
         found = latest_checkpoint_meta(checkpoint_dir)
         if found is None:
             raise ConfigError(

@@ -53,10 +53,13 @@ def _family_and_arch(meta: dict) -> tuple[Any, dict]:
 
 
 def export(checkpoint_dir: str | Path, out_dir: str | Path, step: int | None = None) -> Path:
-    """Write checkpoint ``step`` (default: the latest) of ``checkpoint_dir`` as a Hugging Face
+    """Write checkpoint ``step`` (default: the latest that can be read; a damaged newer one is
+    skipped with a warning on stderr and left in place) of ``checkpoint_dir`` as a Hugging Face
     directory ``out_dir``; returns the path of the safetensors file."""
     from colossal_jax.checks.preflight import latest_checkpoint_meta
+    from colossal_jax.training.checkpoint import check_step
 
+    check_step(checkpoint_dir, step)
     found = latest_checkpoint_meta(str(checkpoint_dir))
     if found is None:
         raise ConfigError(f"no checkpoint in {checkpoint_dir}; train with --checkpoint-dir")

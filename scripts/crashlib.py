@@ -1,10 +1,13 @@
-"""What scripts/signal_loop.py, scripts/kill_loop.py and their tests share: the small run's
-command, its environment, and reading the per-step losses of a metrics file."""
+"""What scripts/signal_loop.py, scripts/kill_loop.py, scripts/fault_loop.py and their tests
+share: the small run's command, its environment, reading the per-step losses of a metrics file,
+and a full disk made on purpose (:func:`full_disk_from`, :func:`full_disk_command`)."""
 
 from __future__ import annotations
 
+import errno
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -28,8 +31,10 @@ def command(steps: int, ckpt: Path, metrics: Path, every: int, *extra: str) -> l
 
 
 def env() -> dict[str, str]:
-    """CPU, no inherited XLA_FLAGS (``--devices`` sets the device count)."""
-    e = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=str(ROOT))
+    """CPU, no inherited XLA_FLAGS (``--devices`` sets the device count); this checkout first
+    on the import path (an inherited PYTHONPATH after it)."""
+    path = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p)
+    e = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=path)
     e.pop("XLA_FLAGS", None)
     return e
 
@@ -63,3 +68,30 @@ def reference(workdir: Path, steps: int, every: int) -> tuple[dict[int, float], 
         env=env(), check=True, capture_output=True, timeout=600,
     )  # fmt: skip
     return losses(metrics), time.monotonic() - t0
+
+
+def full_disk_from(step: int) -> None:
+    """In this process, every array write of a checkpoint of ``step`` or later fails with
+    ``ENOSPC`` inside orbax's writer threads, as on a full disk (a test's fault, where a small
+    tmpfs needs root): orbax's serializer of a host array to tensorstore is wrapped."""
+    from orbax.checkpoint._src.serialization import serialization
+
+    real = serialization.async_serialize_from_host
+
+    async def write(rslices, tensorstore_spec, *args, **kwargs):
+        m = re.search(r"/(\d+)\.orbax-checkpoint-tmp", json.dumps(tensorstore_spec, default=str))
+        if m and int(m.group(1)) >= step:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), m.group(0))
+        return await real(rslices, tensorstore_spec, *args, **kwargs)
+
+    serialization.async_serialize_from_host = write
+
+
+def full_disk_command(cmd: list[str], step: int) -> list[str]:
+    """``cmd`` (a :func:`command`) run with the disk full from checkpoint ``step`` on."""
+    child = (
+        "import sys; sys.path.insert(0, sys.argv.pop(1)); import crashlib; "
+        "crashlib.full_disk_from(int(sys.argv.pop(1))); sys.argv[0] = sys.argv.pop(1); "
+        "from colossal_jax.cli import run; run()"
+    )
+    return [cmd[0], "-c", child, str(ROOT / "scripts"), str(step), *cmd[1:]]

@@ -253,25 +253,29 @@ def _sized_for_data(overrides: dict, data: str | None, model: str) -> dict:
 
 
 def latest_checkpoint_meta(checkpoint_dir: str | None) -> tuple[int, dict] | None:
-    """``(step, metadata)`` of the latest complete checkpoint in ``checkpoint_dir`` (the JSON
-    that ``train`` writes next to the arrays), or None if there is none or it is unreadable."""
+    """``(step, metadata)`` of the latest checkpoint in ``checkpoint_dir`` whose JSON metadata
+    (what ``train`` writes next to the arrays) can be read and records its step, or None if
+    there is none. A newer step whose metadata is missing, unreadable or not this step's is
+    damaged: the restore moves it aside (or a reader skips it) and uses the one this returns."""
     import json
 
     if checkpoint_dir is None:
         return None
     root = Path(checkpoint_dir)
+    if not root.is_dir():
+        return None
     steps = sorted(
-        (int(p.name), p)
-        for p in root.glob("*")
-        if p.name.isdigit() and (p / "meta").is_dir() and not p.name.startswith(".")
+        ((int(p.name), p) for p in root.iterdir() if p.name.isdigit() and p.is_dir()),
+        reverse=True,
     )
-    if not steps:
-        return None
-    step, path = steps[-1]
-    try:
-        return step, json.loads((path / "meta" / "metadata").read_text())
-    except (OSError, ValueError):
-        return None
+    for step, path in steps:
+        try:
+            meta = json.loads((path / "meta" / "metadata").read_text())
+        except (OSError, ValueError):
+            continue
+        if isinstance(meta, dict) and meta.get("step") == step:
+            return step, meta
+    return None
 
 
 def check_resume(cfg, architecture=architecture, model=None) -> None:

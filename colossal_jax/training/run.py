@@ -223,7 +223,8 @@ def start_state(
     del params, opt_state
     warn = (lambda line: print(line, file=sys.stderr, flush=True)) if is_main else None
     restored = ckpt.restore_latest(target, warn or (lambda _: None))
-    assert restored is not None  # latest_step() saw one; a failure raises
+    if restored is None:  # every checkpoint there was damaged, and was moved aside
+        return (*init_state(run), 0)
     state, meta, _ = restored
     step, cfg = int(meta["step"]), run.cfg
     if int(meta.get("seed", cfg.seed)) != cfg.seed:

@@ -57,17 +57,17 @@ def train(
     t_start = time.perf_counter()
     plan = cfg if isinstance(cfg, Plan) else resolve(cfg, current_devices())
     cfg = plan.config
-    run = build(plan)
-    if jax.process_index() == 0:
-        for line in _header(run):
-            log(line)
-    stop_if_signalled(None, 0, started=False)
-    ckpt = (
+    ckpt = (  # first: a directory another run holds stops this one before anything is built
         Checkpointer(cfg.checkpoint_dir, cfg.checkpoint_every, max_to_keep=cfg.keep_checkpoints)
         if cfg.checkpoint_dir
         else None
     )
     try:
+        run = build(plan)
+        if jax.process_index() == 0:
+            for line in _header(run):
+                log(line)
+        stop_if_signalled(None, 0, started=False)
         return _train(run, ckpt, t_start=t_start, progress=progress, log=log)
     finally:
         if ckpt is not None:
@@ -86,6 +86,14 @@ def _train(
     cfg, is_main = run.cfg, jax.process_index() == 0
     say = log if is_main else (lambda _: None)
     params, opt_state, start_step = start_state(run, ckpt, say)
+    if start_step >= cfg.steps:  # decided before compiling: nothing would run
+        summary = Summary(
+            steps_run=0, start_step=start_step, final_step=start_step, losses=[],
+            first_loss=None, final_loss=None, tokens_per_s=None, mfu=None, compile_s=0.0,
+            wall_s=time.perf_counter() - t_start, params=params, opt_state=opt_state, run=run,
+        )  # fmt: skip
+        say(summary_line(summary, ckpt))
+        return summary
     stop_if_signalled(ckpt, start_step, started=False)
     compiled, compile_s = compile_step(run, params, opt_state, start_step)
     say(f"compiled the train step in {compile_s:.1f}s")

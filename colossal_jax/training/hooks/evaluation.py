@@ -1,4 +1,5 @@
-"""Held-out evaluation: before the first step, every ``every`` steps and at the last step. The
+"""Held-out evaluation: before the first step (not on a resume), every ``every`` steps and at the
+last step, each written to the metrics file, so the summary reports what the file holds. The
 metrics join the evaluated step's record (step 0's are a record of their own); the time they
 take belongs to no step."""
 
@@ -25,11 +26,12 @@ class Evaluation(Hook):
         self.accuracies: list[tuple[int, float]] = []
 
     def start(self, loop: Loop) -> None:
-        watchdog.arm(f"the evaluation at step {loop.start_step}")
-        first = self._evaluate(loop, loop.start_step)
+        if loop.start_step > 0:  # a resume: report only evaluations the metrics file receives
+            return
+        watchdog.arm("the evaluation at step 0")
+        first = self._evaluate(loop, 0)
         watchdog.disarm()
-        if loop.start_step == 0:
-            self.writer.write({"step": 0, **first})
+        self.writer.write({"step": 0, **first})
 
     def wants_state(self, loop: Loop, step: int) -> bool:
         return step % self.every == 0 or step == loop.last_step
