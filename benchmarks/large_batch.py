@@ -275,7 +275,7 @@ def plot(results: dict[str, Any], path: Path) -> None:
             ax.fill_between(x, scale * ys.min(0), scale * ys.max(0), alpha=0.2)
         ax.set_xlabel("samples seen")
         ax.set_ylabel("held-out accuracy (%)" if metric == "accuracy" else "held-out MLM loss")
-        ax.set_title(f"{model} on {entry['task']['data']} ({len(mine)} seeds)")
+        ax.set_title(f"{model} on {entry['task']['data']}, {len(mine)} seed(s): mean, min–max")
         if metric == "accuracy":
             ax.set_ylim(bottom=max(0.0, ax.get_ylim()[0]))
         ax.grid(alpha=0.3)
