@@ -303,3 +303,27 @@ def table_lines(results: dict[str, Any]) -> list[str]:
             )
         lines.append(f"  verdict: {json.dumps(entry['verdict'])}")
     return lines
+
+
+def markdown_table(results: dict[str, Any]) -> list[str]:
+    """The table as Markdown rows (docs/large_batch.md): mean ± std over seeds [min, max]."""
+    lines = [
+        "| task | arm | batch | steps | peak lr | final held-out | best held-out | wall s / run |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for model, entry in results["tasks"].items():
+        metric = entry["task"]["metric"]
+        scale, unit = (100.0, " %") if metric == "accuracy" else (1.0, "")
+        for label, row in entry["table"].items():
+            cells = []
+            for key in (f"final_{metric}", f"best_{metric}"):
+                s = row[key]
+                cells.append(
+                    f"{scale * s['mean']:.4g}{unit} ± {scale * s['std']:.2g} "
+                    f"[{scale * s['min']:.4g}, {scale * s['max']:.4g}]"
+                )
+            lines.append(
+                f"| {model} {metric} | {label} | {row['batch']} | {row['steps']} | "
+                f"{row['lr_peak']:.3g} | {cells[0]} | {cells[1]} | {row['wall_s']['mean']:.0f} |"
+            )
+    return lines
