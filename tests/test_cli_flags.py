@@ -21,7 +21,7 @@ TRAIN_FLAGS = """
 --seed --data --checkpoint-dir --checkpoint-every --keep-checkpoints --metrics-file
 --overwrite-metrics --tensorboard-dir --attention --eval-every --peak-tflops --xla-preset
 --profile-dir --profile-steps --init-from-hf
---optimizer --lr --warmup-steps --weight-decay --clip-norm
+--optimizer --lr --warmup-steps --weight-decay --clip-norm --lr-schedule --lr-scaling --base-batch
 --mesh --devices --tensor-mode --tensor-depth --seq-mode --zero --pipeline --microbatches
 --virtual-stages --collective-matmul
 --coordinator --num-processes --process-id --peer-timeout --no-cluster-detect

@@ -117,3 +117,66 @@ def test_layer_stacked_parameters_are_optimised_layer_by_layer(name):
         want, _ = tx.update({"w": gw[layer], "b": gb[layer]}, tx.init(alone), alone)
         np.testing.assert_allclose(updates["w"][...][layer], want["w"], rtol=1e-5)
         np.testing.assert_allclose(updates["b"][...][layer], want["b"], rtol=1e-5)
+
+
+def test_lamb_without_bias_correction_uses_the_raw_moments():
+    """``bias_correction=False`` (Colossal-AI's ``Lamb`` default): ``r = m/(√v+ε) + λw``."""
+    params, grads = _params()
+    cfg = _cfg("lamb", bias_correction=False)
+    tx = make_optimizer(cfg, total_steps=10)
+    updates, _ = tx.update(grads, tx.init(params), params)
+    g, w = np.asarray(grads["b"]), np.asarray(params["b"])
+    m, v = (1 - cfg.b1) * g, (1 - cfg.b2) * g * g
+    np.testing.assert_allclose(updates["b"], -cfg.lr * m / (np.sqrt(v) + cfg.eps), rtol=1e-6)
+    g, w = np.asarray(grads["w"]), np.asarray(params["w"])
+    r = (1 - cfg.b1) * g / (np.sqrt((1 - cfg.b2) * g * g) + cfg.eps) + cfg.weight_decay * w
+    want = -cfg.lr * np.linalg.norm(w) / np.linalg.norm(r) * r
+    np.testing.assert_allclose(updates["w"], want, rtol=1e-5)
+
+
+@pytest.mark.parametrize("name", ["lamb", "lars"])
+def test_trust_ratio_max_bounds_the_ratio(name):
+    params, grads = _params()
+    params = {"w": params["w"] * 1e3, "b": params["b"]}  # a large ratio ‖w‖/‖·‖
+    free = make_optimizer(_cfg(name, lars_trust=1.0), 10)
+    bounded = make_optimizer(_cfg(name, lars_trust=1.0, trust_ratio_max=2.0), 10)
+    u_free, _ = free.update(grads, free.init(params), params)
+    u_bound, _ = bounded.update(grads, bounded.init(params), params)
+    ratio = np.linalg.norm(u_free["w"]) / np.linalg.norm(u_bound["w"])
+    assert ratio > 10  # the free ratio was far above 2, the bounded one is 2
+    np.testing.assert_allclose(u_bound["b"], u_free["b"])  # biases take no ratio
+
+
+def test_poly_schedule_warms_up_linearly_then_decays_polynomially():
+    cfg = OptimConfig(lr=1.0, warmup_steps=10, min_lr_ratio=0.0, lr_schedule="poly", poly_power=2)
+    lr = schedule(cfg, 110)
+    assert float(lr(5)) == pytest.approx(0.5) and float(lr(10)) == pytest.approx(1.0)
+    assert float(lr(60)) == pytest.approx(0.25)  # (1 − 50/100)²
+    assert float(lr(110)) == pytest.approx(0.0)
+
+
+@pytest.mark.parametrize(
+    "rule,lr,warmup", [("sqrt", 4.0, 80), ("linear", 16.0, 5), ("none", 1.0, 80)]
+)
+def test_lr_scaling_follows_the_batch(rule, lr, warmup):
+    """16× the base batch: √16 (LAMB, warm-up steps kept) or 16× (Goyal et al., warm-up
+    samples kept); applied twice it changes nothing."""
+    from colossal_jax.config.optimizers import for_batch
+
+    base = OptimConfig(lr=1.0, warmup_steps=80, lr_scaling=rule, base_batch=32)
+    scaled = for_batch(base, 512)
+    assert (scaled.lr, scaled.warmup_steps) == (pytest.approx(lr), warmup)
+    assert for_batch(scaled, 512) == scaled
+
+
+def test_lr_scaling_reaches_the_run_and_needs_a_base_batch():
+    from colossal_jax.checks.resolve import resolve
+    from colossal_jax.config import ConfigError
+    from tests.helpers import tiny_config
+
+    cfg = tiny_config(batch_size=32)
+    optim = dataclasses.replace(cfg.optim, lr_scaling="sqrt", base_batch=8)
+    plan = resolve(dataclasses.replace(cfg, optim=optim), 8)
+    assert plan.config.optim.lr == pytest.approx(2 * cfg.optim.lr)
+    with pytest.raises(ConfigError, match="--base-batch 0 must be ≥ 1"):
+        resolve(dataclasses.replace(cfg, optim=dataclasses.replace(optim, base_batch=0)), 8)

@@ -63,6 +63,7 @@ from colossal_jax.config.model_rules import (
     check_task,
     grad_accum_of,
 )
+from colossal_jax.config.optimizers import for_batch
 from colossal_jax.config.parallel_rules import check_parallel, uses_zigzag
 from colossal_jax.config.plan import Devices, Plan
 from colossal_jax.config.schema import TrainConfig
@@ -110,7 +111,9 @@ def resolve(config: TrainConfig, devices: Devices | int) -> Plan:
         check_memory(config, model, *capacity)
     split = split_of(par)
     return Plan(
-        config=dataclasses.replace(config, devices=n),
+        config=dataclasses.replace(
+            config, devices=n, optim=for_batch(config.optim, config.batch_size)
+        ),
         devices=devices,
         model=model,
         family=family.name,

@@ -15,7 +15,7 @@ import typing
 from dataclasses import dataclass, field
 from typing import Any
 
-from colossal_jax.config import choices
+from colossal_jax.config import choices, optimizers
 from colossal_jax.config.choices import AXES
 from colossal_jax.config.errors import ConfigError
 from colossal_jax.config.families import train_defaults
@@ -185,6 +185,15 @@ class OptimConfig:
       b1, b2, eps: Adam/LAMB moments; ``b1`` is the momentum of sgd/lars.
       clip_norm: global-norm gradient clipping threshold (0 disables).
       lars_trust: LARS trust coefficient η.
+      lr_schedule: ``cosine`` or ``poly``: the decay after the warm-up
+        (:data:`~colossal_jax.config.optimizers.LR_SCHEDULES`).
+      poly_power: the power of the ``poly`` decay (1: linear, as LAMB's BERT runs; LARS used 2).
+      lr_scaling, base_batch: ``none | sqrt | linear``: ``lr`` and ``warmup_steps`` are those of
+        a batch of ``base_batch``, scaled to the run's batch
+        (:func:`~colossal_jax.config.optimizers.for_batch`).
+      bias_correction: LAMB's Adam moments bias-corrected (the paper; off: Colossal-AI's
+        ``Lamb`` default).
+      trust_ratio_max: upper bound of the LAMB/LARS trust ratio (0: none, the papers).
     """
 
     name: str = flag(
@@ -203,6 +212,20 @@ class OptimConfig:
     eps: float = 1e-8
     clip_norm: float = flag(1.0, "global-norm clipping (0: off)")
     lars_trust: float = 0.001
+    lr_schedule: str = flag(
+        "cosine",
+        "one of {choices}: after the warm-up, cosine or polynomial (the LAMB/LARS papers') decay",
+        choices=lambda: optimizers.LR_SCHEDULES,
+    )
+    poly_power: float = 1.0
+    lr_scaling: str = flag(
+        "none",
+        "one of {choices}: scale --lr (and the warm-up) from --base-batch to the batch",
+        choices=lambda: optimizers.LR_SCALINGS,
+    )
+    base_batch: int = flag(0, "the batch --lr and --warmup-steps are set for (--lr-scaling)")
+    bias_correction: bool = True
+    trust_ratio_max: float = 0.0
 
     def __post_init__(self):
         check_field_types(self)

@@ -18,7 +18,7 @@ from colossal_jax.config.choices import (
     REMATS,
 )
 from colossal_jax.config.errors import ConfigError, choice
-from colossal_jax.config.optimizers import optimizer
+from colossal_jax.config.optimizers import check_recipe, optimizer
 from colossal_jax.config.parallel_rules import check_axes_for_modes
 from colossal_jax.config.seq_modes import seq_mode
 from colossal_jax.config.xla_presets import PRESETS
@@ -147,6 +147,7 @@ def check_optim(o: OptimConfig) -> None:
             raise ConfigError(
                 f"--set optim.{key}={value} must be in [0, 1); e.g. --set optim.{key}={example}"
             )
+    check_recipe(o)
     if not (math.isfinite(o.lars_trust) and o.lars_trust > 0):
         raise ConfigError(
             f"--set optim.lars_trust={o.lars_trust} must be positive; e.g. "

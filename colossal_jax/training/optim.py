@@ -1,4 +1,6 @@
-"""Optimizers as optax chains: AdamW, LAMB, LARS, SGD; warm-up + cosine schedule; clipping.
+"""Optimizers as optax chains: AdamW, LAMB, LARS, SGD; warm-up + cosine or polynomial decay;
+clipping. The variants other systems use (LAMB without bias correction, a bounded trust ratio)
+are options of :class:`~colossal_jax.config.OptimConfig`; docs/large_batch.md compares them.
 
 Weight decay (and the LAMB/LARS trust ratio) applies to matrices only: biases and layer-norm
 parameters are excluded, as in You et al. (2017, 2019). Under ``jit`` with sharded parameters,
@@ -7,7 +9,8 @@ parameter stacked over layers (:mod:`colossal_jax.layers.stack`) gets one norm, 
 and the decay rule of its rank per layer.
 
 LARS follows the paper (You, Gitman, Ginsburg 2017, arXiv 1708.03888): the local rate is
-``η_l = trust · ‖w‖ / (‖g‖ + λ‖w‖)`` and momentum accumulates ``η_l · (g + λw)``. (optax.lars
+``η_l = trust · ‖w‖ / (‖g‖ + λ‖w‖)`` and momentum accumulates ``γ_t · η_l · (g + λw)`` (the
+global rate ``γ_t`` inside the momentum, as the paper's Algorithm 1). (optax.lars
 divides by ``‖g + λw‖`` instead; we implement the paper's denominator, see ``scale_by_lars``.)
 LAMB (You et al. 2019, arXiv 1904.00962): Adam moments with bias correction,
 ``r = m̂/(√v̂+ε) + λw``, update ``−η · ‖w‖/‖r‖ · r`` (ratio 1 when a norm is 0, or for excluded
@@ -30,14 +33,27 @@ from colossal_jax.layers.stack import is_stacked
 
 
 def schedule(cfg: OptimConfig, total_steps: int) -> optax.Schedule:
-    """Linear warm-up to ``cfg.lr``, then cosine decay to ``cfg.min_lr_ratio · cfg.lr``."""
+    """Linear warm-up to ``cfg.lr``, then decay to ``cfg.min_lr_ratio · cfg.lr`` at
+    ``total_steps``: cosine, or (``lr_schedule="poly"``) polynomial of power
+    ``cfg.poly_power``, the LARS and LAMB papers' schedule."""
     warmup = min(cfg.warmup_steps, max(total_steps - 1, 0))
+    end = cfg.lr * cfg.min_lr_ratio
+    if cfg.lr_schedule == "poly":
+        return optax.join_schedules(
+            [
+                optax.linear_schedule(0.0, cfg.lr, warmup),
+                optax.polynomial_schedule(
+                    cfg.lr, end, cfg.poly_power, max(total_steps - warmup, 1)
+                ),
+            ],
+            [warmup],
+        )
     return optax.warmup_cosine_decay_schedule(
         init_value=0.0,
         peak_value=cfg.lr,
         warmup_steps=warmup,
         decay_steps=max(total_steps, warmup + 1),
-        end_value=cfg.lr * cfg.min_lr_ratio,
+        end_value=end,
     )
 
 
@@ -92,10 +108,14 @@ def _per_tensor(fn, updates, params):
     return jax.tree.map(one, updates, params, is_leaf=_is_variable)
 
 
-def scale_by_layer_trust_ratio() -> optax.GradientTransformation:
+def _bounded(ratio: jax.Array, max_ratio: float) -> jax.Array:
+    return jnp.minimum(ratio, max_ratio) if max_ratio > 0 else ratio
+
+
+def scale_by_layer_trust_ratio(max_ratio: float = 0.0) -> optax.GradientTransformation:
     """LAMB's trust ratio ``‖w‖/‖u‖`` per layer (``optax.scale_by_trust_ratio`` takes one
     ratio per array, which for a layer-stacked parameter would be one ratio for all layers);
-    1 where either norm is 0."""
+    1 where either norm is 0; at most ``max_ratio`` where that is above 0."""
 
     def update_fn(updates, state, params):
         if params is None:
@@ -104,11 +124,29 @@ def scale_by_layer_trust_ratio() -> optax.GradientTransformation:
         def one(u, w, norm):
             w_norm, u_norm = norm(w), norm(u)
             ratio = jnp.where((w_norm > 0) & (u_norm > 0), w_norm / u_norm, 1.0)
-            return (u * ratio).astype(u.dtype)
+            return (u * _bounded(ratio, max_ratio)).astype(u.dtype)
 
         return _per_tensor(one, updates, params), state
 
     return optax.GradientTransformation(lambda params: optax.EmptyState(), update_fn)
+
+
+def scale_by_uncorrected_adam(b1: float, b2: float, eps: float) -> optax.GradientTransformation:
+    """``m/(√v+ε)`` from Adam's moments without bias correction (Colossal-AI's ``Lamb``
+    default); the state is ``optax.scale_by_adam``'s, so checkpoints carry over."""
+
+    def init_fn(params):
+        return optax.scale_by_adam(b1, b2, eps).init(params)
+
+    def update_fn(updates, state, params=None):
+        del params
+        mu = optax.tree.update_moment(updates, state.mu, b1, 1)
+        nu = optax.tree.update_moment_per_elem_norm(updates, state.nu, b2, 2)
+        out = jax.tree.map(lambda m, v: m / (jnp.sqrt(v) + eps), mu, nu)
+        count = optax.safe_increment(state.count)
+        return out, optax.ScaleByAdamState(count=count, mu=mu, nu=nu)
+
+    return optax.GradientTransformation(init_fn, update_fn)
 
 
 class LarsState(NamedTuple):
@@ -116,12 +154,12 @@ class LarsState(NamedTuple):
 
 
 def scale_by_lars(
-    weight_decay: float, trust: float, eps: float = 0.0
+    weight_decay: float, trust: float, eps: float = 0.0, max_ratio: float = 0.0
 ) -> optax.GradientTransformation:
     """Per tensor: ``g ← trust · ‖w‖ / (‖g‖ + λ‖w‖) · (g + λw)`` (the LARS paper's local rate).
 
-    The ratio is 1 (``g ← g + λw``) where ``‖w‖`` or ``‖g‖`` is 0. Apply under ``optax.masked``
-    to exclude biases and norms.
+    The ratio is 1 (``g ← g + λw``) where ``‖w‖`` or ``‖g‖`` is 0, and at most ``max_ratio``
+    where that is above 0. Apply under ``optax.masked`` to exclude biases and norms.
     """
 
     def init_fn(params):
@@ -135,7 +173,7 @@ def scale_by_lars(
         def one(g, w, norm):
             w_norm, g_norm = norm(w), norm(g)
             ratio = trust * w_norm / (g_norm + weight_decay * w_norm + eps)
-            ratio = jnp.where((w_norm > 0) & (g_norm > 0), ratio, 1.0)
+            ratio = jnp.where((w_norm > 0) & (g_norm > 0), _bounded(ratio, max_ratio), 1.0)
             return (ratio * (g + weight_decay * w)).astype(g.dtype)
 
         return _per_tensor(one, updates, params), state
@@ -156,21 +194,29 @@ def adamw(cfg: OptimConfig, lr: optax.Schedule) -> list[optax.GradientTransforma
 
 
 def lamb(cfg: OptimConfig, lr: optax.Schedule) -> list[optax.GradientTransformation]:
-    """LAMB: bias-corrected Adam moments, decay, the per-layer trust ratio (matrices only)."""
+    """LAMB: Adam moments (bias-corrected unless ``cfg.bias_correction`` is off), decay, the
+    per-layer trust ratio (matrices only; bounded by ``cfg.trust_ratio_max`` where set)."""
+    if cfg.bias_correction:
+        moments = optax.scale_by_adam(b1=cfg.b1, b2=cfg.b2, eps=cfg.eps)
+    else:
+        moments = scale_by_uncorrected_adam(cfg.b1, cfg.b2, cfg.eps)
     return [
-        optax.scale_by_adam(b1=cfg.b1, b2=cfg.b2, eps=cfg.eps),
+        moments,
         optax.add_decayed_weights(cfg.weight_decay, mask=matrix_mask),
-        optax.masked(scale_by_layer_trust_ratio(), matrix_mask),
+        optax.masked(scale_by_layer_trust_ratio(cfg.trust_ratio_max), matrix_mask),
         optax.scale_by_learning_rate(lr),
     ]
 
 
 def lars(cfg: OptimConfig, lr: optax.Schedule) -> list[optax.GradientTransformation]:
-    """LARS: the paper's local rate (matrices only), then momentum ``b1``."""
+    """LARS (the paper's Algorithm 1): the local rate (matrices only; bounded by
+    ``cfg.trust_ratio_max`` where set) times the global rate, then momentum ``b1`` on that
+    scaled update: ``v ← b1·v + γ_t·η_l·(g + λw)``, ``w ← w − v``."""
+    local_rate = scale_by_lars(cfg.weight_decay, cfg.lars_trust, max_ratio=cfg.trust_ratio_max)
     return [
-        optax.masked(scale_by_lars(cfg.weight_decay, cfg.lars_trust), matrix_mask),
-        optax.trace(decay=cfg.b1),
+        optax.masked(local_rate, matrix_mask),
         optax.scale_by_learning_rate(lr),
+        optax.trace(decay=cfg.b1),
     ]
 
 
