@@ -8,7 +8,7 @@
 #
 # `up` installs slurm-wlm and munge with apt-get where slurmctld is missing (root only), writes
 # a slurm.conf for one node named after this host (`hostname -s`, address 127.0.0.1) with its
-# real CPU count and memory, one partition `local`, no accounting, proctrack/linuxproc and
+# real CPU count and memory ($COLOSSAL_SLURM_GPUS, default 8, stand-in GPUs), one partition `local`, no accounting, proctrack/linuxproc and
 # task/none (no cgroups: it runs inside unprivileged containers), starts munged (unless one is
 # running), slurmctld and slurmd, and waits until `sinfo` shows the node idle. Every step is
 # one line; a daemon that does not come up ends it with status 1 and its log's last lines.
@@ -26,6 +26,7 @@ CONF=$DIR/slurm.conf
 ETC_CONF=/etc/slurm/slurm.conf
 NODE=$(hostname -s)
 MUNGE_SOCKET=/run/munge/munge.socket.2
+GPUS=${COLOSSAL_SLURM_GPUS:-8}
 export SLURM_CONF=$CONF
 
 say() { echo "local-cluster: $*"; }
@@ -93,15 +94,22 @@ KillWait=60
 # a batch job may be requeued (scontrol requeue, or the recipe itself after a SIGTERM)
 JobRequeue=1
 SlurmdTimeout=60
-NodeName=$NODE NodeAddr=127.0.0.1 CPUs=$cpus RealMemory=$mem State=UNKNOWN
+# stand-in GPUs (gres.conf: links to /dev/null) so that a recipe asking for --gpus-per-task or
+# --gres=gpu:N is scheduled; its tasks run on CPU devices (COLOSSAL_CPU_DEVICES)
+GresTypes=gpu
+NodeName=$NODE NodeAddr=127.0.0.1 CPUs=$cpus RealMemory=$mem Gres=gpu:$GPUS State=UNKNOWN
 PartitionName=local Nodes=$NODE Default=YES MaxTime=INFINITE State=UP
 CONF
+  # gres/gpu wants device files: links to /dev/null (a character device) stand in for them
+  mkdir -p "$DIR/gpus"
+  for ((i = 0; i < GPUS; i++)); do ln -sfn /dev/null "$DIR/gpus/gpu$i"; done
+  echo "Name=gpu File=$DIR/gpus/gpu[0-$((GPUS - 1))]" >"$DIR/gres.conf"
   if [[ -f $CONF ]] && cmp -s "$CONF" "$CONF.new"; then
     rm "$CONF.new"
-    say "config: $CONF unchanged ($NODE, $cpus CPUs, $mem MB)"
+    say "config: $CONF unchanged ($NODE, $cpus CPUs, $mem MB, $GPUS stand-in GPUs)"
   else
     mv "$CONF.new" "$CONF"
-    say "config: wrote $CONF ($NODE, $cpus CPUs, $mem MB)"
+    say "config: wrote $CONF ($NODE, $cpus CPUs, $mem MB, $GPUS stand-in GPUs)"
   fi
   if [[ -L $ETC_CONF && $(readlink "$ETC_CONF") == "$CONF" ]]; then
     :
