@@ -27,6 +27,7 @@ ETC_CONF=/etc/slurm/slurm.conf
 NODE=$(hostname -s)
 MUNGE_SOCKET=/run/munge/munge.socket.2
 GPUS=${COLOSSAL_SLURM_GPUS:-8}
+CHANGED=
 export SLURM_CONF=$CONF
 
 say() { echo "local-cluster: $*"; }
@@ -70,6 +71,9 @@ SlurmctldHost=$NODE(127.0.0.1)
 SlurmUser=root
 SlurmdUser=root
 AuthType=auth/munge
+# a requeued job waits for its step credentials to expire before it starts again (default
+# 120 s): 10 s here, so that a requeue resumes at once
+AuthInfo=cred_expire=10
 StateSaveLocation=$DIR/ctld
 SlurmdSpoolDir=$DIR/d
 SlurmctldPidFile=$DIR/slurmctld.pid
@@ -109,6 +113,7 @@ CONF
     say "config: $CONF unchanged ($NODE, $cpus CPUs, $mem MB, $GPUS stand-in GPUs)"
   else
     mv "$CONF.new" "$CONF"
+    CHANGED=1
     say "config: wrote $CONF ($NODE, $cpus CPUs, $mem MB, $GPUS stand-in GPUs)"
   fi
   if [[ -L $ETC_CONF && $(readlink "$ETC_CONF") == "$CONF" ]]; then
@@ -187,6 +192,11 @@ up() {
   mkdir -p "$DIR"
   install_packages
   write_conf
+  if [[ -n $CHANGED ]] && alive "$DIR/slurmctld.pid" >/dev/null; then
+    say "config: changed under running daemons; restarting them"
+    stop "$DIR/slurmd.pid" slurmd
+    stop "$DIR/slurmctld.pid" slurmctld
+  fi
   start_munge
   start_daemon slurmctld
   start_daemon slurmd
