@@ -1,7 +1,7 @@
 #!/bin/bash
 # deploy/slurm.sbatch under real SLURM daemons (deploy/slurm/local-cluster.sh): brings the
 # one-node cluster up and runs the recipe, unchanged but for sbatch's own resource flags and a
-# tiny model, through five scenarios, each against one process of 8 CPU devices:
+# tiny model, through six scenarios, each against one process of 8 CPU devices:
 #
 #   2 tasks        2 tasks x 4 devices, jax.distributed from SLURM's environment alone (1e-5)
 #   preempt        scancel --signal=TERM mid-run: both tasks save one agreed step and exit 143;
@@ -13,10 +13,12 @@
 #   lost task      SIGKILL to one task's process: the job ends within --peer-timeout + 10 s
 #                  with a line naming the task; scontrol requeue resumes from the last
 #                  complete checkpoint (1e-5)
+#   hung task      SIGSTOP to one task's process (SLURM sees nothing): the other's watchdog
+#                  ends the job within --peer-timeout + 10 s with a line naming the task
 #
-# One line per scenario with its figure (max |loss difference|, wall time); exit status 1 if
-# any fails. CHECK_DIR (default a new /tmp/colossal-slurm-check.*) keeps the runs and logs.
-# Needs the local cluster's packages or root to install them (local-cluster.sh up).
+# One line per scenario with its figure (largest relative loss difference, wall time); exit
+# status 1 if any fails. CHECK_DIR (default a new /tmp/colossal-slurm-check.*) keeps the runs
+# and logs. Needs the local cluster's packages or root to install them (local-cluster.sh up).
 set -uo pipefail
 
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
@@ -24,7 +26,9 @@ WORK=${CHECK_DIR:-$(mktemp -d /tmp/colossal-slurm-check.XXXXXX)}
 mkdir -p "$WORK"
 PEER_TIMEOUT=20
 SHORT=100 # steps of every scenario but the time limit's
-LONG=400  # the time limit is checked every 30 s by slurmctld: the run must outlast that
+# slurmctld checks time limits every 30 s: the time limit's run must outlast that (raise
+# CHECK_LONG_STEPS on a fast machine)
+LONG=${CHECK_LONG_STEPS:-250}
 TINY=(--model gpt2-tiny --set model.n_layer=1 --set model.n_embd=64 --seq-len 32
   --batch-size 16 --device-batch 2 --precision fp32 --checkpoint-every 10
   --peer-timeout "$PEER_TIMEOUT")
@@ -49,7 +53,8 @@ result() { # scenario ok|FAILED text
   [[ $2 == ok ]] || FAILED=1
 }
 
-# the max |loss difference| of metrics file $2 from $1, step by step, or a line why not
+# the largest relative loss difference of metrics file $2 from $1, step by step (as
+# scripts/compare_losses.py measures it), or a line why not
 maxdiff() {
   python - "$1" "$2" <<'PY'
 import json, sys
@@ -64,7 +69,7 @@ a, b = load(sys.argv[1]), load(sys.argv[2])
 if sorted(a) != sorted(b):
     print(f"steps differ: {len(b)} steps (1..{max(b, default=0)}) for {len(a)}")
 else:
-    print(f"{max(abs(a[s] - b[s]) for s in a):.2e}")
+    print(f"{max(abs(a[s] - b[s]) / abs(a[s]) for s in a):.2e}")
 PY
 }
 
@@ -140,7 +145,7 @@ s=$(wait_end "$job" 600)
 d=$(maxdiff "$WORK/ref-$SHORT.jsonl" "$run/metrics.jsonl" 2>&1)
 if [[ $s == COMPLETED ]] && grep -q "cluster: SLURM job $job, rank 1 of 2" "$run/job.out" \
   && within "$d" 1e-5; then
-  result "2 tasks" ok "max |loss diff| $d vs 1x8 devices, $SHORT steps; $((SECONDS - start)) s"
+  result "2 tasks" ok "max rel. loss diff $d vs 1x8 devices, $SHORT steps; $((SECONDS - start)) s"
 else
   result "2 tasks" FAILED "job $job $s; loss diff $d; see $run/job.out"
 fi
@@ -167,7 +172,7 @@ else
 fi
 d=$(maxdiff "$WORK/ref-$SHORT.jsonl" "$run/metrics.jsonl" 2>&1)
 if ((ok)) && [[ $s == COMPLETED ]] && within "$d" 1e-5; then
-  result preempt ok "max |loss diff| $d across a SIGTERM at step $at + requeue; $((SECONDS - start)) s"
+  result preempt ok "max rel. loss diff $d across a SIGTERM at step $at + requeue; $((SECONDS - start)) s"
 else
   result preempt FAILED "${why:-job $s, loss diff $d}; see $run/job.out"
 fi
@@ -184,11 +189,14 @@ if wait_step "$run/metrics.jsonl" 1 300; then
   limit=$(((10#$h * 3600 + 10#$m * 60 + 10#$sec) / 60 + 2))
   scontrol update JobId="$job" TimeLimit="$limit"
   end=$((SECONDS + 240))
-  while [[ $(restarts "$job") == 0 ]] && ((SECONDS < end)); do sleep 1; done
+  while [[ $(restarts "$job") == 0 && $(state "$job") == RUNNING ]] && ((SECONDS < end)); do
+    sleep 1
+  done
   # the requeued job gets its 10 minutes back (else the warning would come at its start)
   scontrol update JobId="$job" TimeLimit=10
   at=$(agreed_step "$run/job.out")
-  [[ -n $at ]] || { ok=0; why="no agreed SIGTERM step saved by both tasks"; }
+  [[ -n $at ]] || { ok=0; why="no agreed SIGTERM step saved by both tasks (did the run end \
+before the warning? raise CHECK_LONG_STEPS)"; }
   grep -q "requeueing job $job" "$run/job.out" || { ok=0; why="the job did not requeue itself"; }
   s=$(wait_end "$job" 600)
   if ((ok)) && ! grep -q "resumed from $run/ckpt at step $at" "$run/job.out"; then
@@ -199,7 +207,7 @@ else
 fi
 d=$(maxdiff "$WORK/ref-$LONG.jsonl" "$run/metrics.jsonl" 2>&1)
 if ((ok)) && [[ $s == COMPLETED ]] && within "$d" 1e-5; then
-  result "time limit" ok "max |loss diff| $d across the warning at step $at + self-requeue; $((SECONDS - start)) s"
+  result "time limit" ok "max rel. loss diff $d across the warning at step $at + self-requeue; $((SECONDS - start)) s"
 else
   result "time limit" FAILED "${why:-job $s, loss diff $d}; see $run/job.out"
 fi
@@ -213,7 +221,7 @@ if [[ -d $run/ckpt ]]; then
   s=$(wait_end "$job" 600)
   d=$(maxdiff "$WORK/ref-$SHORT.jsonl" "$run/metrics.jsonl" 2>&1)
   if [[ $s == COMPLETED ]] && grep -q "resumed from" "$run/job.out" && within "$d" 1e-4; then
-    result resize ok "max |loss diff| $d, 2x4 devices -> 1x4 (accumulation 2); $((SECONDS - start)) s"
+    result resize ok "max rel. loss diff $d, 2x4 devices -> 1x4 (accumulation 2); $((SECONDS - start)) s"
   else
     result resize FAILED "job $s, loss diff $d; see $run/job.out"
   fi
@@ -247,9 +255,33 @@ else
 fi
 d=$(maxdiff "$WORK/ref-$SHORT.jsonl" "$run/metrics.jsonl" 2>&1)
 if ((ok)) && [[ $s == COMPLETED ]] && within "$d" 1e-5; then
-  result "lost task" ok "ended ${took} s after the kill ('$line'); resumed at step ${resumed##* }, max |loss diff| $d; $((SECONDS - start)) s"
+  result "lost task" ok "ended ${took} s after the kill ('$line'); resumed at step ${resumed##* }, max rel. loss diff $d; $((SECONDS - start)) s"
 else
   result "lost task" FAILED "${why:-job $s, loss diff $d}; see $run/job.out"
+fi
+
+# ---- hung task: SIGSTOP to task 1's process; SLURM sees nothing, the peer watchdog does
+start=$SECONDS
+run=$WORK/hung
+job=$(REQUEUE=0 submit "$run")
+ok=1 why=""
+if wait_step "$run/metrics.jsonl" 10 300; then
+  pid=$(scontrol listpids "$job" | awk '$5 == 1 && $3 == 0 {print $1}' | head -1)
+  stopped=$SECONDS
+  kill -STOP "$pid"
+  s=$(wait_end "$job" $((PEER_TIMEOUT + 60)))
+  took=$((SECONDS - stopped))
+  line=$(grep -E '^error: lost contact with process 1 ' "$run/job.out" | head -1)
+  if ((took > PEER_TIMEOUT + 10)) || [[ -z $line ]]; then
+    ok=0 why="job $s after ${took} s; watchdog line: ${line:-none}"
+  fi
+else
+  ok=0 why="no step 10 within 300 s"
+fi
+if ((ok)); then
+  result "hung task" ok "ended ${took} s after SIGSTOP (--peer-timeout $PEER_TIMEOUT): '$line'"
+else
+  result "hung task" FAILED "$why; see $run/job.out"
 fi
 
 say "runs and logs in $WORK"

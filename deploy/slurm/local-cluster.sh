@@ -98,6 +98,9 @@ KillWait=60
 # a batch job may be requeued (scontrol requeue, or the recipe itself after a SIGTERM)
 JobRequeue=1
 SlurmdTimeout=60
+# RPCs between the daemons: a busy machine answers late, and a timed-out signal to a step is
+# retried later by slurmctld, where it may hit the requeued job's step of the same id
+MessageTimeout=60
 # stand-in GPUs (gres.conf: links to /dev/null) so that a recipe asking for --gpus-per-task or
 # --gres=gpu:N is scheduled; its tasks run on CPU devices (COLOSSAL_CPU_DEVICES)
 GresTypes=gpu
