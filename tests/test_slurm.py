@@ -1,8 +1,9 @@
 """deploy/slurm.sbatch under real SLURM daemons (issue 23): ``deploy/slurm/check.sh`` runs the
-recipe on a one-node cluster through its five scenarios (2 tasks, preemption, time limit,
-resize, a lost task). Marked slow, and skipped where SLURM is not installed: the test starts
-the local cluster itself only where its packages are installed and it runs as root (it never
-installs packages), and stops it again if it started it. Also: the GPUs a SLURM task uses."""
+recipe on a one-node cluster through its six scenarios (2 tasks, preemption, time limit,
+resize, a lost task, a hung task). Marked slow, and skipped where SLURM is not installed: the
+test starts the local cluster itself only where its packages are installed and it runs as root
+(it never installs packages), and stops it again if it started it. Also: the GPUs a SLURM task
+uses."""
 
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ from colossal_jax.cli.launch import slurm_local_device_ids
 ROOT = Path(__file__).resolve().parent.parent
 CLUSTER = ROOT / "deploy" / "slurm" / "local-cluster.sh"
 CHECK = ROOT / "deploy" / "slurm" / "check.sh"
-SCENARIOS = ("2 tasks", "preempt", "time limit", "resize", "lost task")
+SCENARIOS = ("2 tasks", "preempt", "time limit", "resize", "lost task", "hung task")
 
 
 def test_a_slurm_task_uses_the_gpus_slurm_bound_to_it():
