@@ -116,6 +116,20 @@ def plan_with_jax(args, plan: Plan | None) -> Plan:
     return resolve(run_config(args, n), devices)
 
 
+def slurm_local_device_ids(env) -> list[int] | None:
+    """The GPUs a SLURM task uses where SLURM chose them: all of ``CUDA_VISIBLE_DEVICES`` (or
+    ``ROCR_VISIBLE_DEVICES``), which ``--gpus-per-task``/``--gres`` set and in which the task's
+    GPUs count from 0; None elsewhere (outside SLURM, or GPUs not scheduled), which leaves JAX's
+    own choice: the GPU numbered ``SLURM_LOCALID`` (one task per GPU), or
+    ``JAX_LOCAL_DEVICE_IDS``. JAX's choice alone would give a task bound to GPU 3 the absent
+    ordinal 3, and a task per node of 8 bound GPUs only GPU 0."""
+    if "SLURM_JOB_ID" not in env:
+        return None
+    visible = env.get("CUDA_VISIBLE_DEVICES") or env.get("ROCR_VISIBLE_DEVICES") or ""
+    ids = [x for x in visible.split(",") if x.strip()]
+    return list(range(len(ids))) if ids else None
+
+
 def init_distributed(args, cluster: str | None) -> None:
     """``jax.distributed.initialize`` with the explicit flags, or with none where ``cluster``
     (:func:`preflight.detect_cluster`) says JAX's auto-detection fills them in; then the peer
@@ -137,7 +151,10 @@ def init_distributed(args, cluster: str | None) -> None:
     jax.config.update("jax_enable_preemption_service", False)
     if cluster is not None:
         print(f"cluster: {cluster}; jax.distributed.initialize() detects the rest", file=sys.stderr)
-        jax.distributed.initialize(heartbeat_timeout_seconds=timeout)
+        jax.distributed.initialize(
+            local_device_ids=slurm_local_device_ids(os.environ),
+            heartbeat_timeout_seconds=timeout,
+        )
     else:
         jax.distributed.initialize(
             coordinator_address=args.coordinator,
