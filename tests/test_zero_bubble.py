@@ -189,6 +189,7 @@ CURVES = {
     ),
     "zb-v-zero3": dict(pipe=2, data=4, zero=3, **ZBV),
     "zb-v-accum2": dict(pipe=2, data=4, grad_accum=2, **ZBV),
+    "zb-h1-remat": dict(pipe=2, data=4, remat="full", pipeline="zb-h1"),
 }
 
 
