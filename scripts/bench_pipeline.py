@@ -16,13 +16,22 @@ compiled (never run) and measured:
   global batch; one pipeline replica (of ``data``) processes ``model_flops/data`` of it, so a
   stage's share is ``model_flops/(data·p)``;
 - ``bubble_fraction``, ``ticks``, ``busy_ticks`` from the tick table, and
-  ``bound = 1.05 · model_flops/(data·p) · ticks/busy_ticks`` with ``flops_per_device / bound``.
+  ``bound = 1.05 · model_flops/(data·p) · ticks/busy_ticks`` with ``flops_per_device / bound``;
+- ``branch_flops``: matmul FLOPs of one run of each branch of the tick switch (the busiest
+  stage's table with that branch alone, minus the idle branch alone, over the ticks), and from
+  them (:mod:`colossal_jax.pipeline.timing`, every operation weighed by its branch's FLOPs):
+  ``weighted_idle`` (each stage running its order as soon as its input is there),
+  ``lockstep_time`` and ``lockstep_idle`` (every tick as long as its costliest operation: the
+  one-program executor), in FLOPs;
+- ``bytes_per_device``: bytes every collective moves per device in one step (ring model,
+  :func:`colossal_jax.analysis.hlo.bytes_moved`).
 
 A reference row compiles the unpipelined step on ``data = devices`` with the same model and
 batch: its ``flops_per_device`` against ``model_flops/devices`` checks the HLO count itself.
 
 Example:
   python scripts/bench_pipeline.py --devices 8 --json pipeline.json
+  python scripts/bench_pipeline.py --cases 4x8 --schedules 1f1b,zb-h1,zb-v   # a subset
 """
 
 from __future__ import annotations
@@ -34,7 +43,7 @@ import sys
 from pathlib import Path
 
 CASES = [(4, 8), (2, 4)]
-SCHEDULES = [("gpipe", 1), ("1f1b", 1), ("interleaved", 2)]
+SCHEDULES = [("gpipe", 1), ("1f1b", 1), ("interleaved", 2), ("zb-h1", 1), ("zb-v", 2)]
 MODEL = {"n_layer": 8, "n_embd": 128, "n_head": 8, "block_size": 128}
 
 
@@ -62,8 +71,8 @@ def _config(p: int, schedule: str, m: int, v: int, devices: int, batch: int, seq
 def measure(schedule: str, p: int, m: int, v: int, devices: int, batch: int, seq: int) -> dict:
     import jax
 
-    from colossal_jax.analysis.hlo import matmul_flops
-    from colossal_jax.pipeline.schedule import BRANCHES
+    from colossal_jax.analysis.hlo import bytes_moved, matmul_flops
+    from colossal_jax.pipeline.timing import weigh
     from colossal_jax.training.batches import global_batch
     from colossal_jax.training.checkpoint import abstract_like
     from colossal_jax.training.run import build
@@ -91,6 +100,7 @@ def measure(schedule: str, p: int, m: int, v: int, devices: int, batch: int, seq
         "temp_bytes": int(compiled.memory_analysis().temp_size_in_bytes),
         "xla_cost_flops": float(cost.get("flops", 0.0)),
         "model_flops": model_flops,
+        "bytes_per_device": bytes_moved(text),
     }
     if sched is None:
         flops = matmul_flops(text)
@@ -103,11 +113,16 @@ def measure(schedule: str, p: int, m: int, v: int, devices: int, batch: int, seq
             "bound": 1.05 * model_flops / data,
             "flops_over_bound": flops / (1.05 * model_flops / data),
             "residual_slots": 0,
+            "weighted_idle": 0.0,
+            "lockstep_idle": 0.0,
         }
-    per_stage = [matmul_flops(text, {len(BRANCHES): sched.branch_counts(s)}) for s in range(p)]
+    n = len(sched.branches)
+    per_stage = [matmul_flops(text, {n: sched.branch_counts(s)}) for s in range(p)]
     busiest = max(range(p), key=lambda s: per_stage[s])
     busy = sched.busy_ticks(busiest)
     bound = 1.05 * model_flops / (data * p) * sched.ticks / busy
+    branch_flops = _branch_flops(text, sched.ticks, sched.branches)
+    timing = weigh(sched, branch_flops)
     return record | {
         "flops_per_device": per_stage[busiest],
         "flops_per_stage": per_stage,
@@ -117,7 +132,26 @@ def measure(schedule: str, p: int, m: int, v: int, devices: int, batch: int, seq
         "bound": bound,
         "flops_over_bound": per_stage[busiest] / bound,
         "residual_slots": sched.slots["residual"],
+        "slots": sched.slots,
+        "branch_flops": branch_flops,
+        "weighted_idle": timing.idle_fraction,
+        "weighted_step_flops": timing.step_time,
+        "lockstep_time": timing.lockstep_time,
+        "lockstep_idle": timing.lockstep_idle_fraction,
     }
+
+
+def _branch_flops(text: str, ticks: int, branches: tuple[str, ...]) -> dict[str, float]:
+    """Matmul FLOPs of one run of each tick-switch branch (the switch run ``ticks`` times)."""
+    from colossal_jax.analysis.hlo import matmul_flops
+
+    n = len(branches)
+
+    def alone(i: int) -> float:
+        return matmul_flops(text, {n: [int(j == i) for j in range(n)]})
+
+    idle = alone(branches.index("idle"))
+    return {b: (alone(i) - idle) / ticks for i, b in enumerate(branches) if b != "idle"}
 
 
 def main() -> int:
@@ -125,6 +159,8 @@ def main() -> int:
     parser.add_argument("--devices", type=int, default=8)
     parser.add_argument("--batch-size", type=int, default=32)
     parser.add_argument("--seq-len", type=int, default=128)
+    parser.add_argument("--cases", default="4x8,2x4", help="pipe x microbatches, e.g. 4x8")
+    parser.add_argument("--schedules", default=",".join(n for n, _ in SCHEDULES))
     parser.add_argument("--json", default=None, help="write the records here")
     args = parser.parse_args()
     flags = os.environ.get("XLA_FLAGS", "")
@@ -133,31 +169,52 @@ def main() -> int:
     import jax
 
     jax.config.update("jax_default_matmul_precision", "highest")
+    cases = [tuple(int(x) for x in c.split("x")) for c in args.cases.split(",")]
+    wanted = args.schedules.split(",")
     records = []
-    header = (
+    print(
         f"{'schedule':12s} {'p':>2s} {'M':>2s} {'V':>2s} {'temp MiB':>9s} {'GFLOP/dev':>10s} "
-        f"{'share':>8s} {'bound':>8s} {'/bound':>7s} {'bubble':>7s}"
+        f"{'/bound':>7s} {'bubble':>7s} {'w.idle':>7s} {'ls.idle':>7s} {'MiB moved':>9s}"
     )
-    print(header)
-    cases = [("none", 1, 1, 1)] + [(n, p, m, v) for p, m in CASES for n, v in SCHEDULES]
-    for name, p, m, v in cases:
+    runs = [("none", 1, 1, 1)] + [
+        (n, p, m, v) for p, m in cases for n, v in SCHEDULES if n in wanted
+    ]
+    for name, p, m, v in runs:
         r = measure(name, p, m, v, args.devices, args.batch_size, args.seq_len)
         records.append(r)
-        share = r["model_flops"] / (r["data"] * p)
         print(
             f"{name:12s} {p:2d} {m:2d} {v:2d} {r['temp_bytes'] / 2**20:9.2f} "
-            f"{r['flops_per_device'] / 1e9:10.3f} {share / 1e9:8.3f} "
-            f"{r['bound'] / 1e9:8.3f} {r['flops_over_bound']:7.3f} "
-            f"{r['bubble_fraction']:7.4f}"
+            f"{r['flops_per_device'] / 1e9:10.3f} {r['flops_over_bound']:7.3f} "
+            f"{r['bubble_fraction']:7.4f} {r['weighted_idle']:7.4f} {r['lockstep_idle']:7.4f} "
+            f"{r['bytes_per_device'] / 2**20:9.2f}",
+            flush=True,
         )
-    for p, m in CASES:
-        by = {r["schedule"]: r for r in records if r["stages"] == p}
-        ratio = by["1f1b"]["temp_bytes"] / by["gpipe"]["temp_bytes"]
-        print(f"p={p} M={m}: 1F1B temp bytes / GPipe = {ratio:.3f}")
+    _summary(records, cases)
     if args.json:
         Path(args.json).write_text(json.dumps(records, indent=1))
         print(f"wrote {args.json}")
     return 0
+
+
+def _summary(records: list[dict], cases: list[tuple[int, int]]) -> None:
+    """Each schedule against 1F1B at the same ``p, M``: FLOPs, temporaries, idle, bytes."""
+    for p, m in cases:
+        by = {r["schedule"]: r for r in records if r["stages"] == p and r["microbatches"] == m}
+        base = by.get("1f1b")
+        if base is None:
+            continue
+        for name, r in by.items():
+            if name == "1f1b":
+                continue
+            flops = r["flops_per_device"] / base["flops_per_device"]
+            print(
+                f"p={p} M={m} {name} / 1f1b: FLOPs/dev {flops:.4f}, "
+                f"temp {r['temp_bytes'] / base['temp_bytes']:.3f}, weighted idle "
+                f"{r['weighted_idle'] / base['weighted_idle']:.3f}, lockstep idle "
+                f"{r['lockstep_idle'] / base['lockstep_idle']:.3f}, lockstep time "
+                f"{r['lockstep_time'] / base['lockstep_time']:.3f}, bytes "
+                f"{r['bytes_per_device'] / base['bytes_per_device']:.3f}"
+            )
 
 
 if __name__ == "__main__":

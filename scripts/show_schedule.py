@@ -5,10 +5,13 @@ Examples:
   python scripts/show_schedule.py --schedule 1f1b --stages 4 --microbatches 8
   python scripts/show_schedule.py --schedule interleaved --stages 4 --microbatches 8 \\
       --virtual-stages 2 --png interleaved.png
+  python scripts/show_schedule.py --schedule zb-h1 --stages 4 --microbatches 8
+  python scripts/show_schedule.py --schedule zb-v --stages 4 --microbatches 8 --png zbv.png
 
-Rows are stages, columns ticks; ``F3`` is microbatch 3's forward, ``B3`` its backward (``F3.1``:
-on the stage's chunk 1), ``.`` an idle tick. The bubble printed is the table's idle fraction next
-to the closed form ``(p−1)/(V·M+p−1)``.
+Rows are stages, columns ticks; ``F3`` is microbatch 3's forward, ``B3`` its backward (with a
+split backward, its activation-gradient half) and ``W3`` its weight gradient (``F3.1``: on the
+stage's local chunk 1), ``.`` an idle tick. The bubble printed is the table's idle fraction next
+to the closed form ``(p−1)/(k·V·M+p−1)`` (``k = 3`` with a split backward, else 1).
 """
 
 from __future__ import annotations
@@ -16,11 +19,13 @@ from __future__ import annotations
 import argparse
 import sys
 
-from colossal_jax.pipeline.schedule import FORWARD, SCHEDULES, Schedule, build  # noqa: E402
+from colossal_jax.config.pipelines import pipeline_schedule
+from colossal_jax.pipeline.schedule import FORWARD, SCHEDULES, WEIGHT, Schedule, build, place
 
 
 def draw(sched: Schedule, path: str) -> None:
-    """Stages × ticks, forwards blue and backwards orange (darker for later chunks)."""
+    """Stages × ticks, forwards blue, backwards (B) orange, weight gradients (W) green (darker
+    for later local chunks)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -29,14 +34,14 @@ def draw(sched: Schedule, path: str) -> None:
 
     p, ticks, v = sched.stages, sched.ticks, sched.virtual_stages
     fig, ax = plt.subplots(figsize=(max(8.0, 0.42 * ticks), 0.7 * p + 1.6), dpi=120)
-    blues, oranges = plt.get_cmap("Blues"), plt.get_cmap("Oranges")
+    cmaps = {FORWARD: plt.get_cmap("Blues"), WEIGHT: plt.get_cmap("Greens")}
     for t, row in enumerate(sched.timeline):
         for s, op in enumerate(row):
             if op is None:
                 continue
-            chunk = op.chunk // p
+            chunk = place(op.chunk, p, v, sched.placement)[1]
             shade = 0.45 + 0.35 * (chunk / max(1, v - 1)) if v > 1 else 0.55
-            color = blues(shade) if op.kind == FORWARD else oranges(shade)
+            color = cmaps.get(op.kind, plt.get_cmap("Oranges"))(shade)
             ax.add_patch(Rectangle((t, p - 1 - s), 1, 1, facecolor=color, edgecolor="white"))
             label = str(op.microbatch) + (f".{chunk}" if v > 1 else "")
             ax.text(t + 0.5, p - 0.5 - s, label, ha="center", va="center", fontsize=7)
@@ -48,7 +53,7 @@ def draw(sched: Schedule, path: str) -> None:
         f"{sched.name}: p={p}, M={sched.microbatches}"
         + (f", V={v}" if v > 1 else "")
         + f" — bubble {sched.idle_fraction():.3f} (formula {sched.formula_bubble():.3f}); "
-        "blue forward, orange backward"
+        "blue F, orange B" + (", green W" if sched.split_backward else "")
     )
     ax.set_title(title, fontsize=9)
     fig.tight_layout()
@@ -64,7 +69,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--virtual-stages", type=int, default=None)
     parser.add_argument("--png", default=None, help="also draw the table to this PNG")
     args = parser.parse_args(argv)
-    v = args.virtual_stages or (2 if args.schedule == "interleaved" else 1)
+    registered = pipeline_schedule(args.schedule)
+    v = args.virtual_stages or registered.chunks or (2 if registered.virtual else 1)
     try:
         sched = build(args.schedule, args.stages, args.microbatches, v)
     except ValueError as e:
@@ -73,8 +79,8 @@ def main(argv: list[str] | None = None) -> int:
     print(sched.render())
     print(
         f"{sched.ticks} ticks; bubble {sched.idle_fraction():.4f} "
-        f"(formula (p−1)/(V·M+p−1) = {sched.formula_bubble():.4f}); residual slots per stage "
-        f"{sched.slots['residual']} (alive at peak per stage: {sched.peak_alive})"
+        f"(formula {sched.formula_bubble():.4f}); slots per stage {sched.slots} (alive at peak "
+        f"per stage: {sched.peak_alive})"
     )
     if args.png:
         draw(sched, args.png)

@@ -131,6 +131,12 @@ def check_pipeline(par: ParallelConfig) -> None:
                 f"--microbatches {m} is not a multiple of {p}; use --microbatches "
                 f"{p * max(1, round(m / p))}"
             )
+    elif schedule.chunks is not None:
+        if v != schedule.chunks:
+            raise ConfigError(
+                f"--pipeline {name} runs exactly {schedule.chunks} chunks per stage; use "
+                f"--virtual-stages {schedule.chunks} (got {v})"
+            )
     elif v != 1:
         raise ConfigError(
             f"--virtual-stages {v} needs --pipeline {'|'.join(_schedules(lambda s: s.virtual))} "

@@ -1,7 +1,8 @@
 """The pipeline schedules, one registered :class:`PipelineSchedule` each: its name and help, the
 function that orders each stage's operations, and the properties the rules read.
 
-The built-in schedules — ``none`` (no pipeline), ``gpipe``, ``1f1b`` and ``interleaved`` — are
+The built-in schedules — ``none`` (no pipeline), ``gpipe``, ``1f1b``, ``interleaved``, ``zb-h1``
+and ``zb-v`` — are
 registered at the bottom of this module. A new schedule is its order function (``(p, m, v) ->
 per stage, its operations``, :mod:`colossal_jax.pipeline.schedule`, which times and allocates any
 order) and one :func:`register` call. Nothing here imports the pipeline floor: the order is a
@@ -28,12 +29,22 @@ class PipelineSchedule:
         pipeline.
       virtual: it runs ``V >= 2`` model chunks per stage (``--virtual-stages``), sending
         microbatches in groups of ``pipe`` (interleaved 1F1B).
+      chunks: it runs exactly this many model chunks per stage (``--virtual-stages`` must say
+        so; ZB-V: 2), or None.
+      placement: where model chunk ``c`` lives: ``"loop"`` (stage ``c mod p``) or ``"v"`` (two
+        chunks per stage, stage ``s`` holding ``s`` and ``2p − 1 − s``;
+        :func:`colossal_jax.pipeline.schedule.place`).
+      split_backward: its backward runs as B (activation gradient) and W (weight gradient)
+        operations (zero-bubble schedules).
     """
 
     name: str
     help: str
     order: Reference | None
     virtual: bool = False
+    chunks: int | None = None
+    placement: str = "loop"
+    split_backward: bool = False
 
     @property
     def pipelined(self) -> bool:
@@ -79,5 +90,23 @@ register(
         "interleaved 1F1B: V model chunks per stage, a smaller bubble",
         "colossal_jax.pipeline.schedule:interleaved_order",
         virtual=True,
+    )
+)
+register(
+    PipelineSchedule(
+        "zb-h1",
+        "ZB-H1 (zero bubble): 1F1B's memory, the backward split into B and W, W in the bubbles",
+        "colossal_jax.pipeline.zero_bubble:zb_h1_order",
+        split_backward=True,
+    )
+)
+register(
+    PipelineSchedule(
+        "zb-v",
+        "ZB-V (zero bubble): 2 chunks per stage in a V, B/W split; needs --virtual-stages 2",
+        "colossal_jax.pipeline.zero_bubble:zb_v_order",
+        chunks=2,
+        placement="v",
+        split_backward=True,
     )
 )

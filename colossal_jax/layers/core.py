@@ -12,6 +12,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from colossal_jax.layers import linear_tape
 from colossal_jax.layers.context import active
 from colossal_jax.layers.rope import with_rope
 from colossal_jax.tensor.layout import LinearKind
@@ -45,7 +46,7 @@ class Dense(nnx.Module):
 
     def __call__(self, x: jax.Array) -> jax.Array:
         b = None if self.bias is None else self.bias[...]
-        return active().layout.linear(x, self.kernel[...], b, self.kind)
+        return linear_tape.linear(x, self.kernel[...], b, self.kind)
 
 
 class HiddenDense(nnx.Module):
@@ -63,7 +64,8 @@ class HiddenDense(nnx.Module):
 
     def __call__(self, x: jax.Array) -> jax.Array:
         layout = active().layout
-        return layout.linear(layout.residual_to_wide(x), self.kernel[...], self.bias[...], "out")
+        wide = layout.residual_to_wide(x)
+        return linear_tape.linear(wide, self.kernel[...], self.bias[...], "out")
 
 
 class LayerNorm(nnx.Module):
@@ -155,7 +157,7 @@ class SelfAttention(nnx.Module):
         dense = (self.query, self.key, self.value)
         biases = None if any(d.bias is None for d in dense) else [d.bias[...] for d in dense]
         # one call: layouts gather x once and reduce its gradient once (fused QKV)
-        q, k, v = par.layout.linears(x, [d.kernel[...] for d in dense], biases, "in")
+        q, k, v = linear_tape.linears(x, [d.kernel[...] for d in dense], biases, "in")
         o = par.layout.attention(
             q,
             k,
@@ -214,7 +216,7 @@ class SwiGLU(nnx.Module):
     def __call__(self, x: jax.Array) -> jax.Array:
         dense = (self.gate, self.up)
         biases = None if self.gate.bias is None else [d.bias[...] for d in dense]
-        g, u = active().layout.linears(x, [d.kernel[...] for d in dense], biases, "in")
+        g, u = linear_tape.linears(x, [d.kernel[...] for d in dense], biases, "in")
         return self.down(jax.nn.silu(g) * u)
 
 

@@ -28,6 +28,8 @@ import jax
 from flax import nnx
 from jax.ad_checkpoint import checkpoint_name
 
+from colossal_jax.layers import linear_tape
+
 LAYER_INPUT = "layer_input"
 """The name each stack layer's input carries (``checkpoint_name``): the remat policies
 (:mod:`colossal_jax.parallel.remat`) save or offload it by this name."""
@@ -137,6 +139,9 @@ def apply_layers(
         unroll = n <= UNROLL_UP_TO
 
     options = _OPTIONS.get() or StackOptions()
+    tape = linear_tape.active_chunk()
+    if tape is not None:
+        return _apply_layers_taped(graphdef, state, x, args, options, tape, n if unroll else 1)
 
     def layer(h, layer_state):
         h = checkpoint_name(h, LAYER_INPUT)
@@ -155,4 +160,30 @@ def apply_layers(
     # scan's own unrolling keeps its stacked handling of parameters and their gradients (a
     # Python loop over a[i] would pad every layer's gradient to the whole stack)
     x, _ = jax.lax.scan(body, x, state, unroll=n if unroll else 1)
+    return x
+
+
+def _apply_layers_taped(graphdef, state, x, args, options, tape, unroll: int) -> jax.Array:
+    """:func:`apply_layers` with a split backward's tape (:mod:`colossal_jax.layers.
+    linear_tape`): each layer's tape inputs are scanned with its parameters and its tape outputs
+    stacked over the layers into ``tape.outputs``."""
+    if tape.used:
+        raise ValueError("a split-backward chunk runs one stack of layers, not several")
+    tape.used = True
+
+    def layer(h, layer_state, tape_in):
+        h = checkpoint_name(h, LAYER_INPUT)
+        if options.prepare_layer is not None:
+            layer_state = options.prepare_layer(layer_state)
+        with linear_tape.layer_tape(tape.mode, tape_in) as taped:
+            out = nnx.merge(graphdef, layer_state)(h, *args)
+        return out, taped.outputs
+
+    if options.remat is not None:
+        layer = jax.checkpoint(layer, policy=options.remat, prevent_cse=False)
+
+    def body(h, xs):
+        return layer(h, *xs)
+
+    x, tape.outputs = jax.lax.scan(body, x, (state, tape.inputs), unroll=unroll)
     return x

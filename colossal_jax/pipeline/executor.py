@@ -15,17 +15,27 @@ and at each tick a ``lax.switch`` on this stage's entry:
   embedding's backward.
 - **idle**: nothing (a bubble tick costs no compute; it still sends its zero-filled messages).
 
-After the switch, one ``ppermute`` over ``pipe`` sends the forward output to stage ``s+1`` and
-one sends the input gradient to stage ``s−1`` (rings, so interleaved chunks wrap from the last
-stage to the first); the receiver files them into the slots the table names. The tensor and
+With a split backward (ZB-H1, ZB-V) the chunk runs under the linear tape
+(:mod:`colossal_jax.layers.linear_tape`): the **forward** also keeps each linear's input (a
+saved slot), **backward_input** (B) gives the input gradient and each linear's output gradient
+(a weight-gradient slot) but no weight gradient, and **weight** (W) forms the linears' weight
+gradients from the two slots — B and W together cost the fused backward's FLOPs.
+
+After the switch, the tick's one message (a forward's output or a backward's input gradient)
+goes where the table says: over the ``ppermute`` ring to ``s+1`` ("up"), the ring to ``s−1``
+("down") — rings, so interleaved chunks wrap from the last stage to the first — or to the stage
+itself (ZB-V's turn); both rings run every tick, the unused one with zeros. The receiver files
+each message into the activation or gradient slot the table names. The tensor and
 sequence kernels inside a chunk run unchanged: in the all-manual region the layouts call their
 per-device bodies directly (:func:`colossal_jax.tensor.layout.sharded`).
 
 Cost per device and tick: one chunk forward or backward (or nothing), and two ppermutes of one
 microbatch's activation ``mb·s·h`` (forward and backward), whether or not a message is due.
 Memory: ``slots["residual"]`` chunk-residual sets (``M`` for GPipe, ``p`` for 1F1B) plus the
-activation and gradient inboxes. The embedding and the head's parameters live on every stage;
-their gradients are summed over ``pipe`` once per step (only the first/last stage's are nonzero).
+activation and gradient inboxes (and, split, ``slots["saved"]`` sets of linear inputs and
+``slots["wgrad"]`` of linear output gradients). The embedding and the head's parameters live on
+every stage; their gradients are summed over ``pipe`` once per step (only the first/last stage's
+are nonzero).
 """
 
 from __future__ import annotations
@@ -39,7 +49,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from colossal_jax.pipeline.schedule import BRANCHES, COL, Schedule
+from colossal_jax.layers.linear_tape import chunk_tape
+from colossal_jax.pipeline.schedule import COL, SEND_DOWN, SEND_UP, Schedule
 from colossal_jax.tensor.kernels import varying, varying_axes_of
 from colossal_jax.tensor.layout import per_stage_branches
 
@@ -104,9 +115,10 @@ class _Microbatches:
 
 
 class _StageProgram:
-    """What one device runs at a tick: a branch per :data:`~colossal_jax.pipeline.schedule.
-    BRANCHES` entry on the carry (activation, gradient and residual slots, the gradients and the
-    loss so far), then the two ``ppermute`` rings over ``pipe`` (see the module docstring).
+    """What one device runs at a tick: a branch per entry of the schedule's
+    :attr:`~colossal_jax.pipeline.schedule.Schedule.branches` on the carry (activation, gradient
+    and residual slots — split: saved-input and weight-gradient slots —, the gradients and the
+    loss so far), then the message routed over the ``pipe`` rings (see the module docstring).
 
     Constructing it traces the embedding and one chunk abstractly to size the slots, checks that
     a chunk keeps the activation's type, and builds :attr:`start`, the carry before the first
@@ -123,6 +135,7 @@ class _StageProgram:
         seed: jax.Array,
     ):
         self.schedule = schedule
+        self.split = schedule.split_backward
         self.chunk_fn, self.embed_fn, self.head_fn = parts
         self.stack, self.rest, self.batch = stack, rest, batch
         self.count, self.seed = count, seed
@@ -130,9 +143,10 @@ class _StageProgram:
         self.per_chunk = n_local // schedule.virtual_stages
         self._res_tree: list[Any] = []
         self.x_sds = jax.eval_shape(lambda r: self.embed(r, 0), rest)
-        y_sds, res_sds = jax.eval_shape(
-            self.forward_with_residuals, self.chunk_params(0), self.x_sds, batch.positions[0]
-        )
+        params, pos = self.chunk_params(0), batch.positions[0]
+        if self.split:
+            self._record_tape(params, pos)
+        y_sds, res_sds, _ = jax.eval_shape(self.forward_with_residuals, params, self.x_sds, pos)
         x_sds = self.x_sds
         kept = (y_sds.shape, y_sds.dtype, varying_axes_of(y_sds))
         if kept != (x_sds.shape, x_sds.dtype, varying_axes_of(x_sds)):
@@ -149,7 +163,23 @@ class _StageProgram:
             "d_rest": jax.tree.map(lambda a: _zeros(a.shape, a), rest),
             "loss": varying(jnp.zeros((), jnp.float32), (PIPE,)),
         }
+        if self.split:
+            saved, probes = jax.tree.leaves(self.saved_sds), jax.tree.leaves(self.probe_sds)
+            self.start["saved"] = [_zeros((slots["saved"], *a.shape), a) for a in saved]
+            self.start["wgrad"] = [_zeros((slots["wgrad"], *a.shape), a) for a in probes]
         self.zeros_msg = _zeros(x_sds.shape, x_sds)
+
+    def _record_tape(self, params, pos) -> None:
+        """The shapes of every linear call's input (saved for W) and outputs (probed in B)."""
+
+        def record(prm, x):
+            with chunk_tape("record") as tape:
+                self.chunk_fn(prm, x, pos)
+            return tape.outputs
+
+        calls = jax.eval_shape(record, params, self.x_sds)
+        self.saved_sds = [inp for inp, _ in calls]
+        self.probe_sds = [outs for _, outs in calls]
 
     # ---- the model's parts on this stage ------------------------------------------------------
     def chunk_params(self, v):
@@ -172,11 +202,24 @@ class _StageProgram:
         return self.embed_fn(r, self.batch.tokens[mb], self.batch.positions[mb])
 
     def forward_with_residuals(self, params, x, pos):
-        """The chunk's output and the leaves of its ``vjp`` (the backward's residuals)."""
-        y, pullback = jax.vjp(lambda prm, xx: self.chunk_fn(prm, xx, pos), params, x)
+        """The chunk's output, the leaves of its ``vjp`` (the backward's residuals) and, split,
+        the leaves of the linears' saved inputs (else an empty list). Split, the ``vjp`` is
+        taken w.r.t. ``(params, x, probes)`` with the linears' weights held constant."""
+        if not self.split:
+            y, pullback = jax.vjp(lambda prm, xx: self.chunk_fn(prm, xx, pos), params, x)
+            saved = []
+        else:
+
+            def taped(prm, xx, probes):
+                with chunk_tape("forward", probes) as tape:
+                    out = self.chunk_fn(prm, xx, pos)
+                return out, tape.outputs
+
+            probes = jax.tree.map(lambda a: _zeros(a.shape, a), self.probe_sds)
+            y, pullback, saved = jax.vjp(taped, params, x, probes, has_aux=True)
         leaves, tree = jax.tree.flatten(pullback)
         self._res_tree[:] = [tree]
-        return y, leaves
+        return y, leaves, jax.tree.leaves(saved)
 
     def as_act(self, x):
         """``x`` typed as the activation (the embedding's and every chunk output's type)."""
@@ -189,13 +232,18 @@ class _StageProgram:
             x = self.as_act(self.embed(self.rest, mb))
         else:
             x = _read(c["act"], row[COL["input_slot"]])
-        y, leaves = self.forward_with_residuals(self.chunk_params(v), x, self.batch.positions[mb])
+        y, leaves, saved = self.forward_with_residuals(
+            self.chunk_params(v), x, self.batch.positions[mb]
+        )
         y = self.as_act(y)
         slot = row[COL["residual_slot"]]
         c = dict(c, res=[_write(b, slot, leaf) for b, leaf in zip(c["res"], leaves, strict=True)])
+        if self.split:
+            at = row[COL["saved_slot"]]
+            c["saved"] = [_write(b, at, a) for b, a in zip(c["saved"], saved, strict=True)]
         if head:
             c = self.head(c, row, mb, y)
-        return c, y, self.zeros_msg
+        return c, y
 
     def head(self, c, row, mb, y):
         """The loss of microbatch ``mb`` from the last chunk's output ``y``, and its gradient now;
@@ -216,23 +264,52 @@ class _StageProgram:
         )
 
     def backward(self, c, row, *, embed_grad: bool = False):
+        """The fused backward, or split (B): the input gradient, the non-linear parameters'
+        gradients and, into a weight-gradient slot, every linear's output gradient."""
         mb, v = row[COL["microbatch"]], row[COL["chunk"]]
         slot = row[COL["residual_slot"]]
         pullback = jax.tree.unflatten(self._res_tree[0], [_read(buf, slot) for buf in c["res"]])
-        d_params, dx = pullback(_read(c["grad"], row[COL["grad_slot"]]))
+        cotangents = pullback(_read(c["grad"], row[COL["grad_slot"]]))
+        d_params, dx = cotangents[0], cotangents[1]
         c = dict(c, d_stack=self.add_chunk_grad(c["d_stack"], v, d_params))
+        if self.split:
+            at = row[COL["wgrad_slot"]]
+            dys = jax.tree.leaves(cotangents[2])
+            c["wgrad"] = [_write(b, at, d) for b, d in zip(c["wgrad"], dys, strict=True)]
         dx = self.as_act(dx)
         if embed_grad:
             _, pullback = jax.vjp(lambda r: self.as_act(self.embed(r, mb)), self.rest)
             (d_r,) = pullback(dx)
             c = dict(c, d_rest=jax.tree.map(jnp.add, c["d_rest"], d_r))
-        return c, self.zeros_msg, dx
+        return c, dx
+
+    def weight(self, c, row):
+        """W: the linears' weight (and bias) gradients from their saved inputs and output
+        gradients, through the layout's kernels (:mod:`colossal_jax.layers.linear_tape`)."""
+        mb, v = row[COL["microbatch"]], row[COL["chunk"]]
+        saved_at, wgrad_at = row[COL["saved_slot"]], row[COL["wgrad_slot"]]
+        saved = jax.tree.unflatten(
+            jax.tree.structure(self.saved_sds), [_read(b, saved_at) for b in c["saved"]]
+        )
+        dys = jax.tree.unflatten(
+            jax.tree.structure(self.probe_sds), [_read(b, wgrad_at) for b in c["wgrad"]]
+        )
+        pos = self.batch.positions[mb]
+
+        def outputs(prm):
+            with chunk_tape("weights", saved) as tape:
+                self.chunk_fn(prm, self.zeros_msg, pos)
+            return tape.outputs
+
+        _, pullback = jax.vjp(outputs, self.chunk_params(v))
+        (d_params,) = pullback(dys)
+        return dict(c, d_stack=self.add_chunk_grad(c["d_stack"], v, d_params)), self.zeros_msg
 
     def idle(self, c, row):
-        return c, self.zeros_msg, self.zeros_msg
+        return c, self.zeros_msg
 
     def branches(self) -> list[Callable]:
-        """One function per :data:`~colossal_jax.pipeline.schedule.BRANCHES` entry, in order."""
+        """One function per entry of the schedule's ``branches``, in order."""
         by_name = {
             "idle": self.idle,
             "forward": self.forward,
@@ -240,29 +317,40 @@ class _StageProgram:
             "forward_head": functools.partial(self.forward, head=True),
             "backward": self.backward,
             "backward_embed": functools.partial(self.backward, embed_grad=True),
+            "backward_input": self.backward,
+            "backward_input_embed": functools.partial(self.backward, embed_grad=True),
+            "weight": self.weight,
         }
-        return [by_name[name] for name in BRANCHES]
+        return [by_name[name] for name in self.schedule.branches]
 
     def tick_fn(self, stage: jax.Array) -> Callable:
         """``tick(carry, rows) -> (carry, None)`` for ``lax.scan`` over the tick table: this
-        stage's branch, the forward ring to ``s+1``, the backward ring to ``s−1``, and the
-        messages received filed into the slots the table names."""
+        stage's branch, its message over the ring the table names (up to ``s+1``, down to
+        ``s−1``, or to itself), and the messages received filed into the slots the table
+        names."""
         p = self.schedule.stages
         branch_fns = self.branches()
-        fwd_ring = [(i, (i + 1) % p) for i in range(p)]
-        bwd_ring = [(i, (i - 1) % p) for i in range(p)]
+        up_ring = [(i, (i + 1) % p) for i in range(p)]
+        down_ring = [(i, (i - 1) % p) for i in range(p)]
 
         def tick(c, rows):
             row = rows[stage]
-            c, send_f, send_b = jax.lax.switch(row[COL["branch"]], branch_fns, c, row)
-            recv_f = jax.lax.ppermute(send_f, PIPE, fwd_ring)
-            recv_b = jax.lax.ppermute(send_b, PIPE, bwd_ring)
-            c = dict(
-                c,
-                act=_write_if(c["act"], row[COL["arrive_fwd_slot"]], recv_f),
-                grad=_write_if(c["grad"], row[COL["arrive_bwd_slot"]], recv_b),
-            )
-            return c, None
+            c, msg = jax.lax.switch(row[COL["branch"]], branch_fns, c, row)
+            send = row[COL["send"]]
+            recv = {
+                "up": jax.lax.ppermute(
+                    jnp.where(send == SEND_UP, msg, self.zeros_msg), PIPE, up_ring
+                ),
+                "down": jax.lax.ppermute(
+                    jnp.where(send == SEND_DOWN, msg, self.zeros_msg), PIPE, down_ring
+                ),
+                "self": msg,
+            }
+            act, grad = c["act"], c["grad"]
+            for route, value in recv.items():
+                act = _write_if(act, row[COL[f"recv_{route}_act"]], value)
+                grad = _write_if(grad, row[COL[f"recv_{route}_grad"]], value)
+            return dict(c, act=act, grad=grad), None
 
         return tick
 
@@ -317,14 +405,17 @@ def run_pipeline(
     return loss, carry["d_stack"], d_rest
 
 
-def interleave_permutation(n_layer: int, stages: int, virtual: int) -> np.ndarray:
-    """Layer order that puts model chunk ``v·p + s`` at local chunk ``v`` of stage ``s`` when
-    the layer axis is split contiguously over ``pipe``: ``stored[j] = model[perm[j]]``."""
-    per_chunk = n_layer // (stages * virtual)
+def chunk_order_permutation(n_layer: int, schedule: Schedule) -> np.ndarray:
+    """Layer order that puts model chunk ``schedule.chunk_at(s, v)`` at local chunk ``v`` of
+    stage ``s`` when the layer axis is split contiguously over ``pipe``:
+    ``stored[j] = model[perm[j]]`` (interleaved: chunk ``v·p + s``; ZB-V: ``s`` and
+    ``2p − 1 − s``)."""
+    p, v = schedule.stages, schedule.virtual_stages
+    per_chunk = n_layer // (p * v)
     perm = [
-        (v * stages + s) * per_chunk + i
-        for s in range(stages)
-        for v in range(virtual)
+        schedule.chunk_at(s, local) * per_chunk + i
+        for s in range(p)
+        for local in range(v)
         for i in range(per_chunk)
     ]
     return np.asarray(perm, dtype=np.int32)

@@ -6,8 +6,9 @@ same contract as ``jax.value_and_grad`` of the unpipelined loss (gradients multi
 
 1. the model's parameters are split by the ``layer_axis`` metadata into the stack (leading layer
    dimension, split over ``pipe``) and the rest (embedding, final norm, head; on every stage);
-2. for the interleaved schedule the stack's layer order is permuted so that each stage's
-   contiguous block holds its chunks ``s, s+p, …`` (and the gradient is permuted back): an
+2. for the schedules with several chunks per stage the stack's layer order is permuted so that
+   each stage's contiguous block holds its chunks (interleaved: ``s, s+p, …``; ZB-V: ``s`` and
+   ``2p − 1 − s``) and the gradient is permuted back: an
    exchange of ``(V−1)/V`` of the stack's parameters over ``pipe`` each way per step;
 3. one ``jax.shard_map`` over every mesh axis runs :func:`~colossal_jax.pipeline.executor.
    run_pipeline` with the layouts' kernels working on per-device blocks.
@@ -29,7 +30,7 @@ from colossal_jax.layers import stacked_filter, use_parallelism
 from colossal_jax.layers.stack import StackOptions, use_stack_options
 from colossal_jax.parallel import zero
 from colossal_jax.parallel.sharding import param_specs
-from colossal_jax.pipeline.executor import interleave_permutation, run_pipeline
+from colossal_jax.pipeline.executor import chunk_order_permutation, run_pipeline
 from colossal_jax.pipeline.schedule import Schedule
 from colossal_jax.tensor.grid import axes_of
 from colossal_jax.tensor.layout import LocalAttention, TensorLayout
@@ -156,7 +157,7 @@ def pipelined_value_and_grad(
     options = zero.stack_options(stage, layer_dims, remat)
     perm = inv = None
     if schedule.virtual_stages > 1:
-        perm = interleave_permutation(n_layer, schedule.stages, schedule.virtual_stages)
+        perm = chunk_order_permutation(n_layer, schedule)
         inv = np.argsort(perm).astype(np.int32)
 
     def value_and_grad(params, batch, scale=None):
