@@ -31,6 +31,7 @@ import jax
 
 from colossal_jax.analysis.axes import axis_bytes
 from colossal_jax.analysis.hlo import matmul_flops
+from colossal_jax.auto.cache import Cache, plan_key
 from colossal_jax.config.choices import MESH_ORDER
 from colossal_jax.config.errors import ConfigError
 from colossal_jax.config.plan import Plan, devices_hint
@@ -132,3 +133,31 @@ def _check_devices(plan: Plan) -> None:
             f"the plan {plan.config.parallel.short()} needs {plan.n_devices} devices but this "
             f"process has {have}; {devices_hint(plan.n_devices, have)}"
         )
+
+
+def compile_cached(plan: Plan, cache: Cache | None = None) -> tuple[Compiled, bool]:
+    """``(figures, hit)``: :func:`compile_plan`'s figures for ``plan``, read from ``cache``
+    (default: ``Cache("compiled")`` under :func:`~colossal_jax.auto.cache.default_dir`) when a
+    result for the same plan, JAX, devices and source is there, else compiled and stored."""
+    cache = cache if cache is not None else Cache("compiled")
+    key, parts = plan_key(plan, "compiled")
+    hit = cache.get(key)
+    if hit is not None:
+        return Compiled.from_json(hit), True
+    figures_ = compile_plan(plan)
+    cache.put(key, figures_.to_json(), about=parts)
+    return figures_, False
+
+
+def run_cached(plan: Plan, steps: int, cache: Cache | None = None) -> tuple[float, bool]:
+    """``(seconds, hit)``: :func:`run_plan`'s median step time, from ``cache`` (default
+    ``Cache("measured")``) when measured before with the same ``steps``, else measured and
+    stored."""
+    cache = cache if cache is not None else Cache("measured")
+    key, parts = plan_key(plan, "measured", steps)
+    hit = cache.get(key)
+    if hit is not None:
+        return float(hit["step_s"]), True
+    seconds = run_plan(plan, steps)
+    cache.put(key, {"step_s": seconds}, about=parts)
+    return seconds, False
