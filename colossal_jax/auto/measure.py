@@ -17,7 +17,9 @@ allocated or executed — then reads, per device:
 - ``compile_s``: seconds to lower and compile.
 
 :func:`run_plan` initialises the state, compiles, runs one warm-up step and returns the median
-of ``steps`` timed steps (each blocked on), on one batch built beforehand.
+of ``steps`` timed steps (each blocked on), on one batch built beforehand;
+:func:`measure_plan` does both with one compile. The ``*_cached`` forms keep their results in
+the planner's disk cache (:mod:`colossal_jax.auto.cache`).
 """
 
 from __future__ import annotations
@@ -65,14 +67,45 @@ class Compiled:
 def compile_plan(plan: Plan) -> Compiled:
     """Lower and compile ``plan``'s train step on the devices this process has (nothing runs)
     and read its figures. Raises :class:`ConfigError` when the plan needs more devices."""
+    return measure_plan(plan, 0)[0]
+
+
+def run_plan(plan: Plan, steps: int) -> float:
+    """The median seconds of ``steps`` train steps of ``plan`` after one warm-up step, each
+    blocked on, on the devices this process has (one batch, built before the clock starts)."""
+    if steps < 1:
+        raise ConfigError(f"steps={steps} must be at least 1 to measure a step time")
+    seconds = measure_plan(plan, steps)[1]
+    assert seconds is not None
+    return seconds
+
+
+def measure_plan(plan: Plan, steps: int) -> tuple[Compiled, float | None]:
+    """``(figures, median step seconds or None)``: ``plan``'s train step compiled once — for
+    abstract state when ``steps`` is 0 (nothing allocated), else for its initialised state,
+    then one warm-up step and ``steps`` timed ones."""
     _check_devices(plan)
     run = build(plan)
-    params = abstract_like(run.abstract_params, run.param_shardings)
-    opt_state = abstract_like(jax.eval_shape(run.tx.init, run.abstract_params), run.opt_shardings)
+    if steps > 0:
+        params, opt_state = init_state(run)
+    else:
+        params = abstract_like(run.abstract_params, run.param_shardings)
+        abstract_opt = jax.eval_shape(run.tx.init, run.abstract_params)
+        opt_state = abstract_like(abstract_opt, run.opt_shardings)
+    batch = global_batch(run, 0)
     t0 = time.perf_counter()
-    compiled = make_train_step(run).lower(params, opt_state, global_batch(run, 0)).compile()
-    compile_s = time.perf_counter() - t0
-    return figures(run, compiled, compile_s)
+    step = make_train_step(run).lower(params, opt_state, batch).compile()
+    compiled = figures(run, step, time.perf_counter() - t0)
+    if steps == 0:
+        return compiled, None
+    times = []
+    for i in range(steps + 1):  # the first is the warm-up
+        t0 = time.perf_counter()
+        params, opt_state, out = step(params, opt_state, batch)
+        jax.block_until_ready((params, opt_state, out))
+        if i:
+            times.append(time.perf_counter() - t0)
+    return compiled, statistics.median(times)
 
 
 def figures(run: Run, compiled: Any, compile_s: float) -> Compiled:
@@ -105,27 +138,6 @@ def _flops(run: Run, text: str) -> float:
     return max(matmul_flops(text, {len(BRANCHES): run.schedule.branch_counts(s)}) for s in stages)
 
 
-def run_plan(plan: Plan, steps: int) -> float:
-    """The median seconds of ``steps`` train steps of ``plan`` after one warm-up step, each
-    blocked on, on the devices this process has (one batch, built before the clock starts)."""
-    if steps < 1:
-        raise ConfigError(f"steps={steps} must be at least 1 to measure a step time")
-    _check_devices(plan)
-    run = build(plan)
-    params, opt_state = init_state(run)
-    batch = global_batch(run, 0)
-    step = make_train_step(run).lower(params, opt_state, batch).compile()
-    params, opt_state, out = step(params, opt_state, batch)
-    jax.block_until_ready((params, opt_state, out))
-    times = []
-    for _ in range(steps):
-        t0 = time.perf_counter()
-        params, opt_state, out = step(params, opt_state, batch)
-        jax.block_until_ready((params, opt_state, out))
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times)
-
-
 def _check_devices(plan: Plan) -> None:
     have = jax.device_count()
     if plan.n_devices > have:
@@ -149,15 +161,17 @@ def compile_cached(plan: Plan, cache: Cache | None = None) -> tuple[Compiled, bo
     return figures_, False
 
 
-def run_cached(plan: Plan, steps: int, cache: Cache | None = None) -> tuple[float, bool]:
-    """``(seconds, hit)``: :func:`run_plan`'s median step time, from ``cache`` (default
-    ``Cache("measured")``) when measured before with the same ``steps``, else measured and
-    stored."""
+def measure_cached(
+    plan: Plan, steps: int, cache: Cache | None = None
+) -> tuple[Compiled, float | None, bool]:
+    """``(figures, median step seconds or None, hit)``: :func:`measure_plan`'s result, from
+    ``cache`` (default ``Cache("measured")``) when measured before with the same ``steps``,
+    else measured and stored."""
     cache = cache if cache is not None else Cache("measured")
     key, parts = plan_key(plan, "measured", steps)
     hit = cache.get(key)
     if hit is not None:
-        return float(hit["step_s"]), True
-    seconds = run_plan(plan, steps)
-    cache.put(key, {"step_s": seconds}, about=parts)
-    return seconds, False
+        return Compiled.from_json(hit["compiled"]), hit["step_s"], True
+    compiled, seconds = measure_plan(plan, steps)
+    cache.put(key, {"compiled": compiled.to_json(), "step_s": seconds}, about=parts)
+    return compiled, seconds, False
