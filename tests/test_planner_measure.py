@@ -3,6 +3,7 @@ figures of a compiled plan, the disk cache, the CPU calibration's fit and a tiny
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import threading
 from functools import partial
@@ -16,11 +17,16 @@ from jax.sharding import PartitionSpec as P
 
 from colossal_jax.analysis.axes import axis_bytes, group_axes, partition
 from colossal_jax.analysis.hlo import device_groups
+from colossal_jax.auto import measure, sweep
 from colossal_jax.auto.cache import Cache, plan_key
 from colossal_jax.auto.calibrate import fit_alpha_beta
-from colossal_jax.auto.measure import Compiled, compile_cached
+from colossal_jax.auto.choose import budget_of
+from colossal_jax.auto.hardware import hardware
+from colossal_jax.auto.measure import Compiled
+from colossal_jax.auto.sweep import spearman
 from colossal_jax.checks.resolve import resolve
 from colossal_jax.config.choices import MESH_ORDER
+from colossal_jax.config.errors import ConfigError
 from tests.helpers import tiny_config
 
 SIZES = {"data": 2, "tensor_row": 2, "seq": 2}
@@ -87,39 +93,76 @@ def test_group_axes_is_the_partition_that_matches():
 
 
 @pytest.fixture(scope="module")
-def tensor_plan():
-    return resolve(tiny_config(data=2, tensor_row=4, tensor_mode="1d", batch_size=8), 8)
+def swept(tmp_path_factory):
+    """A tiny sweep on 4 devices: the planner's rows, two of them measured (one step each) —
+    ``data=2,tensor_row=2`` (1D) and ``data=4`` — the first standing in for the planner's
+    choice (which is measured in the full sweep, not here: its compile is slower)."""
+    cfg = dataclasses.replace(tiny_config(batch_size=8, seq_len=32, devices=4), eval_every=0)
+    hw = hardware("cpu")
+    rows = sweep.plans(cfg, 4, hw, budget_of(hw, 4), pattern="^(data=2,tensor_row=2 tp=1d|data=4) ")
+    assert rows[0].chosen and sum(r.chosen for r in rows) == 1
+    measured = rows[1:]
+    assert [r.name.split()[0] for r in measured] == ["data=2,tensor_row=2", "data=4"]
+    measured[0].chosen = True
+    cache = Cache("measured", tmp_path_factory.mktemp("planner-cache"))
+    seen: list = []
+    sweep.run_sweep(measured, steps=1, cache=cache, progress=seen.append)
+    assert seen == measured
+    return cfg, hw, measured, cache
 
 
-@pytest.fixture(scope="module")
-def compiled_cache(tmp_path_factory):
-    return Cache("compiled", tmp_path_factory.mktemp("planner-cache"))
-
-
-@pytest.fixture(scope="module")
-def compiled(tensor_plan, compiled_cache):
-    figures, hit = compile_cached(tensor_plan, compiled_cache)
-    assert not hit
-    return figures
-
-
-def test_a_compiled_plan_reports_flops_memory_and_bytes_per_axis(compiled):
-    c = compiled
+def test_a_compiled_plan_reports_flops_memory_and_bytes_per_axis(swept):
+    c = swept[2][0].compiled
     assert c.flops > 0 and c.temp_bytes > 0 and c.compile_s > 0
     assert c.peak_bytes <= c.argument_bytes + c.output_bytes + c.temp_bytes
     assert c.peak_bytes >= c.temp_bytes
     # the 1D layout's activations travel on tensor_row, the gradients on data
     assert c.axis_bytes["tensor_row"] > 0 and c.axis_bytes["data"] > 0
     assert set(c.axis_bytes) <= {"data", "tensor_row", "data+tensor_row"}
+    assert set(swept[2][1].compiled.axis_bytes) == {"data"}
     assert Compiled.from_json(json.loads(json.dumps(c.to_json()))) == c
 
 
-def test_the_cache_serves_a_compiled_plan_again(tensor_plan, compiled, compiled_cache):
-    again, hit = compile_cached(tensor_plan, compiled_cache)
-    assert hit and again == compiled
+def test_a_tiny_sweep_reports_correlation_memory_error_and_regret(swept, tmp_path):
+    rows = swept[2]
+    assert all(r.error is None and r.step_s > 0 for r in rows)
+    summary = sweep.summarize(rows)
+    assert summary["measured"] == 2 and summary["failed"] == []
+    assert summary["best_step_s"] == min(r.step_s for r in rows)
+    assert summary["regret"] == pytest.approx(summary["chosen_step_s"] / summary["best_step_s"] - 1)
+    assert summary["spearman"] in (-1.0, 1.0)
+    assert summary["max_memory_error"] == max(r.memory_error for r in rows)
+    json.dumps([r.to_json() for r in rows])
+    assert sweep.table(rows).count("\n") == len(rows) + 1
+    sweep.plot(rows, str(tmp_path / "sweep.png"), "tiny")
+    assert (tmp_path / "sweep.png").stat().st_size > 10_000
 
 
-def test_the_cache_key_follows_what_determines_the_result(tensor_plan):
+def test_the_sweep_serves_a_measured_plan_from_the_cache(swept):
+    cfg, hw, rows, cache = swept
+    again = [r for r in sweep.plans(cfg, 4, hw, budget_of(hw, 4)) if r.name == rows[1].name]
+    sweep.run_sweep(again, steps=1, cache=cache)
+    assert again[0].cached and again[0].step_s == rows[1].step_s
+    assert again[0].compiled == rows[1].compiled
+
+
+def test_compile_cached_compiles_once(swept, tmp_path, monkeypatch):
+    calls = []
+    figures = swept[2][1].compiled
+
+    def fake_compile(plan):
+        calls.append(plan)
+        return figures
+
+    monkeypatch.setattr(measure, "compile_plan", fake_compile)
+    plan, cache = swept[2][1].ranked.plan, Cache("compiled", tmp_path)
+    assert measure.compile_cached(plan, cache) == (figures, False)
+    assert measure.compile_cached(plan, cache) == (figures, True)
+    assert len(calls) == 1
+
+
+def test_the_cache_key_follows_what_determines_the_result():
+    tensor_plan = resolve(tiny_config(data=2, tensor_row=4, tensor_mode="1d", batch_size=8), 8)
     other = resolve(tiny_config(data=2, tensor_row=4, tensor_mode="1d", batch_size=16), 8)
     assert plan_key(tensor_plan, "compiled")[0] == plan_key(tensor_plan, "compiled")[0]
     assert plan_key(tensor_plan, "compiled")[0] != plan_key(other, "compiled")[0]
@@ -145,3 +188,19 @@ def test_alpha_beta_fit_recovers_a_line():
     fit = fit_alpha_beta(points)
     assert fit["alpha_s"] == pytest.approx(1e-4, rel=1e-3)
     assert fit["beta_bytes_per_s"] == pytest.approx(2e9, rel=1e-3)
+
+
+def test_spearman_ranks_with_ties():
+    assert spearman([1, 2, 3, 4], [10, 20, 30, 40]) == pytest.approx(1.0)
+    assert spearman([1, 2, 3, 4], [4, 3, 2, 1]) == pytest.approx(-1.0)
+    # ties take their average rank: ranks [1, 2.5, 2.5, 4] against [1, 2, 3, 4]
+    assert spearman([1, 2, 2, 3], [1, 2, 3, 4]) == pytest.approx(0.9486832980505138)
+
+
+def test_a_filter_that_matches_nothing_is_a_config_error():
+    cfg = tiny_config(batch_size=4, seq_len=32, devices=2)
+    hw = hardware("cpu")
+    with pytest.raises(ConfigError, match="matches none"):
+        sweep.plans(cfg, 2, hw, budget_of(hw, 2), pattern="^nothing like this")
+    with pytest.raises(ConfigError, match="not a regular expression"):
+        sweep.plans(cfg, 2, hw, budget_of(hw, 2), pattern="(")

@@ -225,15 +225,18 @@ def plot(rows: list[Row], path: str, title: str) -> None:
     ok = [r for r in rows if r.compiled is not None]
     timed = [r for r in ok if r.step_s is not None]
     fig, (ax_t, ax_m) = plt.subplots(1, 2, figsize=(11, 4.8))
+    best = min(timed, key=lambda r: r.step_s or 0.0, default=None)
     _scatter(
         ax_t,
         [(r.ranked.prediction.step_s * 1e3, r.step_s * 1e3, r) for r in timed],
+        best,
         "predicted step (ms)",
         "measured step (ms)",
     )
     _scatter(
         ax_m,
         [(r.ranked.prediction.memory_bytes / MIB, r.compiled.peak_bytes / MIB, r) for r in ok],
+        best,
         "predicted memory per device (MiB)",
         "compiled peak per device (MiB)",
     )
@@ -243,15 +246,26 @@ def plot(rows: list[Row], path: str, title: str) -> None:
     plt.close(fig)
 
 
-def _scatter(ax: Any, points: list[tuple[float, float, Row]], xlabel: str, ylabel: str) -> None:
+def _scatter(
+    ax: Any, points: list[tuple[float, float, Row]], best: Row | None, xlabel: str, ylabel: str
+) -> None:
+    """One panel: a point per plan, the best measured circled, the chosen crossed, y = x."""
     if not points:
         ax.set_title("nothing measured")
         return
     xs, ys = [p[0] for p in points], [p[1] for p in points]
     ax.scatter(xs, ys, s=14, alpha=0.6, label="plans")
-    best = min(points, key=lambda p: p[1])
+    mark = [p for p in points if p[2] is best]
+    if mark:
+        ax.scatter(
+            [mark[0][0]],
+            [mark[0][1]],
+            s=90,
+            facecolors="none",
+            edgecolors="g",
+            label="best measured",
+        )
     chosen = [p for p in points if p[2].chosen]
-    ax.scatter([best[0]], [best[1]], s=80, facecolors="none", edgecolors="g", label="best measured")
     if chosen:
         ax.scatter([chosen[0][0]], [chosen[0][1]], s=80, marker="x", c="r", label="chosen")
     lo, hi = min(xs + ys), max(xs + ys)
