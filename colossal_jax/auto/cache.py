@@ -8,8 +8,10 @@ the SHA-256 of its key. The key of a plan's result (:func:`plan_key`) holds:
   microbatches, accumulation, batch shards, tensor split, zigzag order, the resolved model
   config, its family and task);
 - the JAX and jaxlib versions, the platform, device kind and device count of this process;
-- a digest of the source of ``colossal_jax`` (any edit to the library invalidates every entry),
-  the package version, and the source folder of the plan's model family (the module its
+- a digest of the source of ``colossal_jax`` (any edit to the library invalidates every entry)
+  but the planner's own modules, which decide which plans are tried and how they are costed,
+  not what a plan compiles to (``auto/measure.py``, which reads the figures, counts), the
+  package version, and the source folder of the plan's model family (the module its
   ``Family.module`` names, found without importing the zoo);
 - the kind and any extra parts the caller adds (e.g. the number of timed steps).
 
@@ -26,6 +28,7 @@ import importlib.util
 import json
 import os
 import tempfile
+from collections.abc import Callable
 from functools import cache
 from importlib import metadata
 from pathlib import Path
@@ -140,10 +143,20 @@ def environment() -> dict[str, Any]:
     }
 
 
+PLANNER_SOURCES = ("auto",)
+"""Folders of ``colossal_jax`` left out of :func:`source_digest` (but :data:`FIGURES`)."""
+FIGURES = ("auto/measure.py",)
+
+
 @cache
 def source_digest() -> str:
-    """SHA-256 of the package version and every ``.py`` file of ``colossal_jax``."""
-    return _tree_digest(PACKAGE_ROOT, _version("colossal-jax"))
+    """SHA-256 of the package version and every ``.py`` file of ``colossal_jax`` but the
+    planner's own (:data:`PLANNER_SOURCES`, except :data:`FIGURES`)."""
+
+    def counts(rel: Path) -> bool:
+        return rel.parts[0] not in PLANNER_SOURCES or rel.as_posix() in FIGURES
+
+    return _tree_digest(PACKAGE_ROOT, _version("colossal-jax"), counts)
 
 
 @cache
@@ -160,11 +173,13 @@ def family_digest(model: str) -> str:
     return _tree_digest(Path(spec.origin).resolve().parent, module)
 
 
-def _tree_digest(root: Path, salt: str) -> str:
+def _tree_digest(root: Path, salt: str, counts: Callable[[Path], bool] = lambda _: True) -> str:
     h = hashlib.sha256(salt.encode())
     for path in sorted(root.rglob("*.py")):
-        h.update(str(path.relative_to(root)).encode())
-        h.update(path.read_bytes())
+        rel = path.relative_to(root)
+        if counts(rel):
+            h.update(rel.as_posix().encode())
+            h.update(path.read_bytes())
     return h.hexdigest()
 
 
