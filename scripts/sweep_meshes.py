@@ -37,6 +37,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--seq-len", type=int, default=256)
     p.add_argument("--steps", type=int, default=0, help="timed steps per plan (0: compile only)")
     p.add_argument("--filter", help="a regular expression on plan names (the choice always runs)")
+    p.add_argument(
+        "--sample",
+        type=int,
+        help="measure N of the (filtered) plans, spread evenly over the predicted ranking",
+    )
     p.add_argument("--memory-gb", type=float, help="budget per device (default: host RAM / N)")
     p.add_argument("--json", type=Path, help="write every row and the summary here")
     p.add_argument("--png", type=Path, help="write the predicted-vs-measured plot here")
@@ -92,7 +97,9 @@ def main(argv: list[str] | None = None) -> int:
             devices=args.devices,
         )
         hw = hardware("cpu", args.memory_gb)
-        rows = sweep.plans(cfg, args.devices, hw, budget_of(hw, args.devices), args.filter)
+        rows = sweep.plans(
+            cfg, args.devices, hw, budget_of(hw, args.devices), args.filter, args.sample
+        )
     except (ConfigError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

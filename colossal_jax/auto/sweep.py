@@ -79,12 +79,18 @@ class Row:
 
 
 def plans(
-    cfg: TrainConfig, n: int, hw: Hardware, budget: float, pattern: str | None = None
+    cfg: TrainConfig,
+    n: int,
+    hw: Hardware,
+    budget: float,
+    pattern: str | None = None,
+    sample: int | None = None,
 ) -> list[Row]:
     """The planner's ranked plans for ``cfg`` on ``n`` devices of ``hw`` (its choice first),
-    those whose name matches the regular expression ``pattern`` when given (the choice always
-    stays). Raises :class:`ConfigError` when no plan fits or ``pattern`` is not a valid
-    expression or matches nothing."""
+    those whose name matches the regular expression ``pattern`` when given, and of those
+    ``sample`` spread evenly over the predicted ranking when given (the choice always stays).
+    Raises :class:`ConfigError` when no plan fits or ``pattern`` is not a valid expression or
+    matches nothing."""
     result = search(cfg, n, hw, budget)
     if not result.ranked:
         raise ConfigError(
@@ -105,6 +111,11 @@ def plans(
             f"--filter {pattern!r} matches none of the {len(result.ranked)} plans (names look "
             f"like {result.ranked[-1].name!r})"
         )
+    if sample is not None and len(rows) > sample:
+        if sample < 2:
+            raise ConfigError(f"--sample {sample} must be at least 2 (e.g. --sample 40)")
+        picks = sorted({round(i * (len(rows) - 1) / (sample - 1)) for i in range(sample)})
+        rows = [rows[i] for i in picks]
     return rows
 
 
