@@ -8,7 +8,8 @@ memory budget and that :func:`~colossal_jax.checks.resolve.resolve` accepts is t
 plan. Remat, offload, ZeRO and accumulation are thereby chosen jointly with the layout: a layout
 that needs remat to fit pays for it in its predicted time and competes with one that does not.
 The layouts' plans are ranked by predicted step time. A ``time_budget`` stops the search at the
-next layout with the best found so far (:attr:`SearchResult.stopped_early`). Nothing here
+next layout with the best found so far (:attr:`SearchResult.stopped_early`; it searches on
+until one plan fits). Nothing here
 compiles or imports JAX.
 """
 
@@ -121,7 +122,8 @@ def search(
     light = Knobs(zero=0, remat="none", offload="none", grad_accum=1)
     out = SearchResult()
     for par in space.layouts(n, cfg.batch_size, hw.node):
-        if time_budget is not None and time.perf_counter() - start > time_budget:
+        over = time_budget is not None and time.perf_counter() - start > time_budget
+        if over and out.ranked:  # stop with the best so far, once there is one
             out.stopped_early = True
             break
         out.layouts += 1

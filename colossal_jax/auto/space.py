@@ -25,8 +25,13 @@ Pruning (each rule says why it loses nothing worth having):
   (the rule Megatron-LM and the Colossal-AI paper follow);
 - microbatches only in the doublings above, virtual stages 2 and 4 (the bubble halves per
   doubling; finer steps change the step time by less than the model's error);
+- remat ``offload`` is not searched with a pipeline: the pipeline executor's tick buffer and the
+  host-memory residuals meet in one ``dynamic_update_slice`` that JAX 0.10.2 refuses
+  ("memory_space of all inputs ... must be the same"), so such a plan does not compile;
 - ``--collective-matmul`` stays off (same bytes; on CPU it measured no faster,
   docs/performance.md);
+- with a pipeline, accumulation runs as ``M·accum`` microbatches through the schedule, the same
+  schedule as ``M·accum`` pipeline microbatches: it is searched only beyond the largest ``M``;
 - the memory knobs are not crossed blindly: :mod:`colossal_jax.auto.search` costs every
   combination analytically and resolves a layout's combinations fastest-first, so a layout
   stops at its first combination that resolves and fits (:func:`knobs` gives them all).
@@ -178,10 +183,16 @@ def knobs(par: ParallelConfig, batch: int, microbatches: int) -> list[Knobs]:
     while batch % (microbatches * a) == 0 and batch // (microbatches * a) >= 1:
         accums.append(a)
         a *= 2
+    if par.pipelined and par.num_microbatches < MICROBATCH_FACTORS[-1] * par.pipe:
+        # accumulation is more microbatches through the schedule (M·accum): below the
+        # largest M searched, the layout with the larger M already runs that schedule
+        accums = accums[:1]
     out = []
     for z, r, o, a in itertools.product(zeros, REMATS, OFFLOADS, accums):
         if o == "params" and z != 3:
             continue
+        if r == "offload" and par.pipelined:
+            continue  # does not compile: the pipeline's tick buffer meets pinned-host residuals
         out.append(Knobs(z, r, o, a))
     return out
 
