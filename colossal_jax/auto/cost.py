@@ -60,9 +60,6 @@ PARAM_LEAVES = 16
 """Parameter arrays a reduction over ``data`` runs one collective for (scanned layers are
 stacked: about 16 leaves whatever the depth)."""
 
-OVERHEAD_BYTES = 0.0
-"""A fixed per-device memory overhead (runtime buffers) added to every prediction."""
-
 
 @dataclass(frozen=True)
 class Prediction:
@@ -215,35 +212,112 @@ def _inner_sizes(plan: Plan) -> dict[str, int]:
     return out
 
 
-def activation_bytes(plan: Plan) -> float:
-    """Activation bytes per device kept for the backward pass at the peak."""
+PER_TOKEN = {
+    "none": (12, 2, 3),
+    "dots": (2, 1, 1),
+    "selective": (2, 1, 0),
+    "full": (1, 0, 0),
+    "offload": (0, 0, 0),
+}
+"""Activation elements each remat policy keeps per token and layer, as counts of
+``(h-wide values, (3h + mlp width)-wide values, attention scores a·s)``: ``none`` keeps every
+intermediate (LayerNorm inputs, outputs and statistics, the residuals, Q/K/V, the MLP's hidden
+layer before and after its activation, the scores, their mask and probabilities), ``dots`` the
+matmul outputs, ``selective`` those without a batch dimension (not the scores), ``full`` the
+layer input, ``offload`` nothing on the device. The counts are read off XLA's memory analysis
+of ``--mesh data=8`` for each policy (4-layer, 256-wide GPT, docs/planner.md)."""
+
+MEMORY_COEF = {
+    "state": 1.0,
+    "grads": 1.0,
+    "kept": 1.0,
+    "working": 1.0,
+    "pipe_kept": 1.75,
+    "stage_copies": 2.45,
+    "logits": 1.0,
+}
+"""The weight of each memory term (:func:`memory_terms`) in the predicted peak: the terms are
+structural estimates; their weights are fitted by least squares to the compiled memory analysis
+of the 4-layer, 256-wide GPT's plans on 8 CPU devices (docs/planner.md, "Memory")."""
+
+
+def _split_elements(plan: Plan, counts: tuple[int, int, int]) -> float:
+    """Elements per token per layer on one device for ``counts`` (:data:`PER_TOKEN`): the grid
+    modes cut every activation over the whole tensor group, 1D cuts the (3h + width)-wide ones
+    and the heads, no tensor mode cuts nothing; Ulysses cuts the heads over ``seq``."""
     par, cfg = plan.config.parallel, plan.config
-    L, h, a, w, vocab = _dims(plan)
-    ab = _act_bytes(plan)
+    _, h, a, w, _ = _dims(plan)
+    nh, ni, ns = counts
     t = par.tensor_size
-    tok = _tokens_per_microbatch(plan) / (plan.batch_shards // par.data)
-    key_len = cfg.seq_len if plan.seq_mode in ("none", "ulysses") else cfg.seq_len / par.seq
-    heads = a / plan.tensor_split.divisor("heads")
+    scores = a * cfg.seq_len
+    inner = 3 * h + w
     if plan.seq_mode == "ulysses":
-        heads /= par.seq
-    split = _act_split(plan)
-    hs = h / split  # an h-wide activation on this device
-    inner = (3 * h + w) / t if t > 1 else 3 * h + w  # split by every tensor mode
-    scores = heads * key_len
-    none = 8 * hs + inner * 2 + 2 * scores
-    per_token = {
-        "none": none,
-        "dots": 4 * hs + inner + scores,
-        "selective": 4 * hs + inner,
-        "full": hs,
-        "offload": 0.0,
-    }[plan.remat]
+        scores *= 1  # a/seq heads of the whole sequence: the same per token as s/seq keys
+    if _act_split(plan) > 1:  # a grid: everything over the group
+        return (nh * h + ni * inner + ns * scores) / t
+    if t > 1:  # 1D: h-wide values whole on every device
+        return nh * h + (ni * inner + ns * scores) / t
+    return nh * h + ni * inner + ns * scores
+
+
+def memory_terms(plan: Plan) -> dict[str, float]:
+    """The terms of the predicted peak per device, in bytes (weights :data:`MEMORY_COEF`):
+
+    - ``state``: parameters and optimizer slots (split by tensor, pipeline and ZeRO; the step
+      donates them, so its outputs alias them; offloaded state still counts, the step copies it
+      in);
+    - ``grads``: the fp32 gradient (split by ZeRO from stage 2), the accumulator beside it with
+      accumulation below stage 2, a 16-bit parameter copy under bf16/fp16, ZeRO-3's gathered
+      layer;
+    - ``kept``: the activations the remat policy keeps (:data:`PER_TOKEN`) for every layer,
+      without a pipeline; ``pipe_kept`` the same for every layer of a stage and every
+      microbatch in flight, with one;
+    - ``working``: one layer's full intermediates while it is recomputed (``full``,
+      ``offload``) or run;
+    - ``stage_copies``: a pipeline's per-microbatch copy of its stage's parameters (the
+      executor's tick loop keeps each tick's operands), times the microbatches in flight;
+    - ``logits``: the logits, their softmax and gradient in fp32.
+    """
+    par = plan.config.parallel
+    L, h, _, w, vocab = _dims(plan)
+    n = plan.param_count
+    slots = optimizer(plan.config.optim.name).state_slots(plan.config.optim.b1)
+    split = par.tensor_size * par.pipe
+
+    def over(stage: int) -> int:
+        return split * (par.data if plan.zero >= stage else 1)
+
+    state = 4 * n / over(3) + 4 * n * slots / over(1)
+    grads = 4 * n / over(2)
+    if plan.grad_accum > 1 and plan.zero < 2:
+        grads += 4 * n / over(2)
+    if plan.precision != "fp32":
+        grads += 2 * n / over(3)
+    if plan.zero == 3:
+        grads += 2 * 4 * (4 * h * h + 2 * h * w) / par.tensor_size
+    ab = _act_bytes(plan)
+    tok = _tokens_per_microbatch(plan)
     layers = L // par.pipe
     inflight = _in_flight(plan)
-    kept = per_token * ab * tok * layers * inflight
-    working = (none if plan.remat in ("full", "offload") else 0.0) * ab * tok
+    kept = _split_elements(plan, PER_TOKEN[plan.remat]) * ab * tok * layers * inflight
+    working = _split_elements(plan, PER_TOKEN["none"]) * ab * tok
+    copies = 4 * n / split * inflight if par.pipelined else 0.0
     logits = 3 * tok * vocab / plan.tensor_split.divisor("vocab size") * 4
-    return kept + working + logits
+    return {
+        "state": state,
+        "grads": grads,
+        "kept": 0.0 if par.pipelined else kept,
+        "pipe_kept": kept if par.pipelined else 0.0,
+        "working": working,
+        "stage_copies": copies,
+        "logits": logits,
+    }
+
+
+def memory_bytes(plan: Plan) -> float:
+    """The predicted peak bytes per device: :func:`memory_terms` weighted by
+    :data:`MEMORY_COEF`."""
+    return sum(MEMORY_COEF[k] * v for k, v in memory_terms(plan).items())
 
 
 def _in_flight(plan: Plan) -> float:
@@ -257,28 +331,6 @@ def _in_flight(plan: Plan) -> float:
     if plan.virtual_stages > 1:
         return min(m * plan.virtual_stages, p * (1 + (p - 1) / (p * plan.virtual_stages)))
     return float(min(p, m))
-
-
-def state_bytes(plan: Plan) -> float:
-    """Training-state bytes per device at the step's peak (offloaded state included: the step
-    copies it in), plus a 16-bit copy of the parameters and ZeRO-3's gathered layer."""
-    par = plan.config.parallel
-    n = plan.param_count
-    slots = optimizer(plan.config.optim.name).state_slots(plan.config.optim.b1)
-    split = par.tensor_size * par.pipe
-
-    def over(stage: int) -> int:
-        return split * (par.data if plan.zero >= stage else 1)
-
-    total = 4 * n / over(3) + 4 * n / over(2) + 4 * n * slots / over(1)
-    if plan.grad_accum > 1 and plan.zero < 2:
-        total += 4 * n / over(2)  # the accumulator beside the microbatch's gradient
-    if plan.precision != "fp32":
-        total += 2 * n / over(3)
-    if plan.zero == 3:
-        L, h, _, w, _ = _dims(plan)
-        total += 2 * 4 * (4 * h * h + 2 * h * w) / par.tensor_size
-    return total
 
 
 def predict(plan: Plan, hw: Hardware) -> Prediction:
@@ -300,15 +352,16 @@ def predict(plan: Plan, hw: Hardware) -> Prediction:
         hidden = 0.0 if hw.shared else OVERLAP * compute
         exposed += max(0.0, axis_s["data"] - hidden)
     offload = _offload_seconds(plan, hw)
-    state = state_bytes(plan)
-    act = activation_bytes(plan)
+    terms = memory_terms(plan)
+    state = MEMORY_COEF["state"] * terms["state"] + MEMORY_COEF["grads"] * terms["grads"]
+    act = sum(MEMORY_COEF[k] * v for k, v in terms.items() if k not in ("state", "grads"))
     return Prediction(
         step_s=compute + bub + exposed + offload,
         compute_s=compute,
         bubble_s=bub,
         comm_s=exposed,
         offload_s=offload,
-        memory_bytes=state + act + OVERHEAD_BYTES,
+        memory_bytes=state + act,
         axis_bytes={x: b for x, (b, _) in traffic.items()},
         axis_s=axis_s,
         flops=dev_flops,
