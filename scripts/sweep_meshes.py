@@ -42,6 +42,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         type=int,
         help="measure N of the (filtered) plans, spread evenly over the predicted ranking",
     )
+    p.add_argument(
+        "--unpaired",
+        action="store_true",
+        help="time plans alone (default: between two steps of the planner's choice, to "
+        "normalise away a changing load)",
+    )
     p.add_argument("--memory-gb", type=float, help="budget per device (default: host RAM / N)")
     p.add_argument("--json", type=Path, help="write every row and the summary here")
     p.add_argument("--png", type=Path, help="write the predicted-vs-measured plot here")
@@ -111,8 +117,8 @@ def main(argv: list[str] | None = None) -> int:
             bar.set_postfix_str(row.name[:48])
             bar.update()
 
-        cache = Cache("measured", args.cache_dir) if args.cache_dir else None
-        sweep.run_sweep(rows, args.steps, cache, tick)
+        cache = Cache("measured", args.cache_dir) if args.cache_dir else Cache("measured")
+        sweep.run_sweep(rows, args.steps, cache, tick, paired=not args.unpaired)
     summary = sweep.summarize(rows)
     summary["seconds"] = time.perf_counter() - t0
     print(sweep.table(rows))

@@ -106,7 +106,7 @@ def swept(tmp_path_factory):
     measured[0].chosen = True
     cache = Cache("measured", tmp_path_factory.mktemp("planner-cache"))
     seen: list = []
-    sweep.run_sweep(measured, steps=1, cache=cache, progress=seen.append)
+    sweep.run_sweep(measured, steps=1, cache=cache, progress=seen.append, paired=True)
     assert seen == measured
     return cfg, hw, measured, cache
 
@@ -125,10 +125,14 @@ def test_a_compiled_plan_reports_flops_memory_and_bytes_per_axis(swept):
 
 def test_a_tiny_sweep_reports_correlation_memory_error_and_regret(swept, tmp_path):
     rows = swept[2]
-    assert all(r.error is None and r.step_s > 0 for r in rows)
+    assert all(r.error is None and r.step_s > 0 and r.reference_s > 0 for r in rows)
+    scale = sorted(r.reference_s for r in rows)
+    for r in rows:  # normalised: relative time × the reference's median (of two: their mean)
+        assert r.normalized_s == pytest.approx(r.step_s / r.reference_s * sum(scale) / 2)
     summary = sweep.summarize(rows)
+    assert summary["paired"]
     assert summary["measured"] == 2 and summary["failed"] == []
-    assert summary["best_step_s"] == min(r.step_s for r in rows)
+    assert summary["best_step_s"] == min(r.normalized_s for r in rows)
     assert summary["regret"] == pytest.approx(summary["chosen_step_s"] / summary["best_step_s"] - 1)
     assert summary["spearman"] in (-1.0, 1.0)
     assert summary["max_memory_error"] == max(r.memory_error for r in rows)
@@ -141,7 +145,9 @@ def test_a_tiny_sweep_reports_correlation_memory_error_and_regret(swept, tmp_pat
 def test_the_sweep_serves_a_measured_plan_from_the_cache(swept):
     cfg, hw, rows, cache = swept
     again = [r for r in sweep.plans(cfg, 4, hw, budget_of(hw, 4)) if r.name == rows[1].name]
-    sweep.run_sweep(again, steps=1, cache=cache)
+    # paired results are keyed by their reference (the first row): the same as above; all
+    # cached, so the reference is not even compiled
+    sweep.run_sweep([rows[0], *again], steps=1, cache=cache, paired=True)
     assert again[0].cached and again[0].step_s == rows[1].step_s
     assert again[0].compiled == rows[1].compiled
 

@@ -84,28 +84,41 @@ def measure_plan(plan: Plan, steps: int) -> tuple[Compiled, float | None]:
     """``(figures, median step seconds or None)``: ``plan``'s train step compiled once — for
     abstract state when ``steps`` is 0 (nothing allocated), else for its initialised state,
     then one warm-up step and ``steps`` timed ones."""
-    _check_devices(plan)
-    run = build(plan)
-    if steps > 0:
-        params, opt_state = init_state(run)
-    else:
-        params = abstract_like(run.abstract_params, run.param_shardings)
-        abstract_opt = jax.eval_shape(run.tx.init, run.abstract_params)
-        opt_state = abstract_like(abstract_opt, run.opt_shardings)
-    batch = global_batch(run, 0)
-    t0 = time.perf_counter()
-    step = make_train_step(run).lower(params, opt_state, batch).compile()
-    compiled = figures(run, step, time.perf_counter() - t0)
+    stepper = Stepper(plan, allocate=steps > 0)
     if steps == 0:
-        return compiled, None
-    times = []
-    for i in range(steps + 1):  # the first is the warm-up
+        return stepper.figures, None
+    stepper.time(1)  # the warm-up
+    return stepper.figures, stepper.time(steps)
+
+
+class Stepper:
+    """``plan``'s train step compiled on the devices this process has, with its figures and
+    (``allocate``) its initialised state and one batch, to time steps on demand."""
+
+    def __init__(self, plan: Plan, allocate: bool = True):
+        _check_devices(plan)
+        run = build(plan)
+        if allocate:
+            params, opt_state = init_state(run)
+        else:
+            params = abstract_like(run.abstract_params, run.param_shardings)
+            abstract_opt = jax.eval_shape(run.tx.init, run.abstract_params)
+            opt_state = abstract_like(abstract_opt, run.opt_shardings)
+        self.state, self.batch = (params, opt_state), global_batch(run, 0)
         t0 = time.perf_counter()
-        params, opt_state, out = step(params, opt_state, batch)
-        jax.block_until_ready((params, opt_state, out))
-        if i:
+        self.step = make_train_step(run).lower(params, opt_state, self.batch).compile()
+        self.figures = figures(run, self.step, time.perf_counter() - t0)
+
+    def time(self, steps: int) -> float:
+        """The median seconds of ``steps`` steps, each blocked on."""
+        times = []
+        for _ in range(steps):
+            t0 = time.perf_counter()
+            params, opt_state, out = self.step(*self.state, self.batch)
+            jax.block_until_ready((params, opt_state, out))
             times.append(time.perf_counter() - t0)
-    return compiled, statistics.median(times)
+            self.state = (params, opt_state)
+        return statistics.median(times)
 
 
 def figures(run: Run, compiled: Any, compile_s: float) -> Compiled:

@@ -9,6 +9,14 @@ with ``steps`` it then runs one warm-up step and ``steps`` timed ones (the media
 time). What the sweep reports (:func:`summarize`):
 
 - the Spearman rank correlation of predicted and measured step time;
+
+On a shared machine the load changes while a sweep runs (here: load averages of 5 to 30 on 2
+cores), and a plan's step time scales with it. With ``paired`` (the default of
+``scripts/sweep_meshes.py``) the planner's choice is kept compiled as a *reference*, and one
+reference step runs just before and one just after each plan is measured; a plan's
+*relative* time is its median step over the mean of those two, and its *normalised* time that
+ratio times the reference's median over the sweep. Rankings, the correlation and the regret
+use the relative times (raw times are kept beside them).
 - the memory error of each plan, ``|predicted − compiled peak| / compiled peak`` (the compiled
   peak: ``argument + output − alias + temp`` bytes of ``memory_analysis()``), and its largest;
 - the regret: the measured step time of the planner's choice over the best measured, minus 1.
@@ -18,14 +26,15 @@ from __future__ import annotations
 
 import dataclasses
 import re
+import statistics
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from colossal_jax.auto.cache import Cache
+from colossal_jax.auto.cache import Cache, plan_key
 from colossal_jax.auto.hardware import Hardware
-from colossal_jax.auto.measure import Compiled, measure_cached
+from colossal_jax.auto.measure import Compiled, Stepper, measure_plan
 from colossal_jax.auto.search import Ranked, search
 from colossal_jax.config.errors import ConfigError
 from colossal_jax.config.schema import TrainConfig
@@ -45,6 +54,20 @@ class Row:
     step_s: float | None = None
     error: str | None = None
     cached: bool = False
+    reference_s: float | None = None
+    normalized_s: float | None = None
+
+    @property
+    def seconds(self) -> float | None:
+        """The step time the sweep ranks by: normalised when paired, else measured."""
+        return self.normalized_s if self.normalized_s is not None else self.step_s
+
+    @property
+    def relative(self) -> float | None:
+        """The step time over the reference's around it (None unpaired or unmeasured)."""
+        if self.step_s is None or not self.reference_s:
+            return None
+        return self.step_s / self.reference_s
 
     @property
     def memory_error(self) -> float | None:
@@ -72,6 +95,9 @@ class Row:
             },
             "compiled": None if self.compiled is None else self.compiled.to_json(),
             "measured_step_s": self.step_s,
+            "reference_s": self.reference_s,
+            "relative": self.relative,
+            "normalized_s": self.normalized_s,
             "memory_error": self.memory_error,
             "error": self.error,
             "cached": self.cached,
@@ -124,22 +150,71 @@ def run_sweep(
     steps: int,
     cache: Cache | None = None,
     progress: Callable[[Row], None] | None = None,
+    paired: bool = False,
 ) -> list[Row]:
-    """Measure every row in place (:func:`~colossal_jax.auto.measure.measure_cached`); a plan
-    that fails to compile or run keeps its error and the sweep goes on. ``progress`` is called
-    after each row."""
+    """Measure every row in place: compiled figures and, with ``steps``, the median of
+    ``steps`` steps after a warm-up (with ``paired``, between two steps of the reference, the
+    first row's plan: the module docstring). Results come from and go to ``cache`` (default
+    ``Cache("measured")``). A plan that fails to compile or run keeps its error and the sweep
+    goes on. ``progress`` is called after each row."""
     import jax
 
+    cache = cache if cache is not None else Cache("measured")
+    reference = _Reference(rows[0].ranked.plan, rows[0].name) if paired and steps > 0 else None
     for row in rows:
         try:
-            row.compiled, row.step_s, row.cached = measure_cached(row.ranked.plan, steps, cache)
+            _measure(row, steps, cache, reference)
         except Exception as e:  # one plan's failure is a result of the sweep, not its end
             row.error = f"{type(e).__name__}: {str(e).splitlines()[0][:200]}"
             print(f"warning: {row.name}: {row.error}", file=sys.stderr)
         jax.clear_caches()
         if progress is not None:
             progress(row)
+    normalize(rows)
     return rows
+
+
+class _Reference:
+    """The reference plan of a paired sweep, compiled (and warmed up) at its first use."""
+
+    def __init__(self, plan: Any, name: str):
+        self.plan, self.name = plan, name
+        self._stepper: Stepper | None = None
+
+    def step(self) -> float:
+        """The seconds of one reference step."""
+        if self._stepper is None:
+            self._stepper = Stepper(self.plan)
+            self._stepper.time(1)  # the warm-up
+        return self._stepper.time(1)
+
+
+def normalize(rows: list[Row]) -> None:
+    """Set each row's normalised time (its relative time × the reference's median over the
+    rows) when every timed row was paired; otherwise leave them None."""
+    timed = [r for r in rows if r.step_s is not None]
+    if not timed or any(r.reference_s is None for r in timed):
+        return
+    scale = statistics.median(r.reference_s for r in timed)
+    for r in timed:
+        r.normalized_s = r.step_s / r.reference_s * scale
+
+
+def _measure(row: Row, steps: int, cache: Cache, reference: _Reference | None) -> None:
+    """Fill ``row`` from ``cache``, or measure it (between two reference steps when given)."""
+    extra = (steps, reference.name) if reference is not None else (steps,)
+    key, parts = plan_key(row.ranked.plan, "paired" if reference else "measured", *extra)
+    hit = cache.get(key)
+    if hit is not None:
+        row.compiled = Compiled.from_json(hit["compiled"])
+        row.step_s, row.reference_s, row.cached = hit["step_s"], hit.get("reference_s"), True
+        return
+    before = reference.step() if reference is not None else None
+    row.compiled, row.step_s = measure_plan(row.ranked.plan, steps)
+    if reference is not None and before is not None:
+        row.reference_s = (before + reference.step()) / 2
+    value = {"compiled": row.compiled.to_json(), "step_s": row.step_s}
+    cache.put(key, {**value, "reference_s": row.reference_s}, about=parts)
 
 
 def spearman(xs: list[float], ys: list[float]) -> float:
@@ -173,7 +248,7 @@ def summarize(rows: list[Row]) -> dict[str, Any]:
     and measured step time, the largest memory error (and its plan), the chosen and the best
     measured plan and the regret (None where nothing was timed)."""
     ok = [r for r in rows if r.compiled is not None]
-    timed = [r for r in ok if r.step_s is not None]
+    timed = [r for r in ok if r.seconds is not None]
     worst = max(ok, key=lambda r: r.memory_error or 0.0, default=None)
     out: dict[str, Any] = {
         "plans": len(rows),
@@ -186,39 +261,45 @@ def summarize(rows: list[Row]) -> dict[str, Any]:
         "chosen": next((r.name for r in rows if r.chosen), None),
         "best": None,
         "regret": None,
+        "paired": bool(timed) and all(r.normalized_s is not None for r in timed),
     }
     if len(timed) >= 2:
         out["spearman"] = spearman(
+            [r.ranked.prediction.step_s for r in timed], [r.seconds for r in timed]
+        )
+        out["spearman_raw"] = spearman(
             [r.ranked.prediction.step_s for r in timed], [r.step_s for r in timed]
         )
     if timed:
-        best = min(timed, key=lambda r: r.step_s)
-        out["best"], out["best_step_s"] = best.name, best.step_s
+        best = min(timed, key=lambda r: r.seconds)
+        out["best"], out["best_step_s"] = best.name, best.seconds
         chosen = next((r for r in timed if r.chosen), None)
         if chosen is not None:
-            out["chosen_step_s"] = chosen.step_s
-            out["regret"] = chosen.step_s / best.step_s - 1
+            out["chosen_step_s"] = chosen.seconds
+            out["regret"] = chosen.seconds / best.seconds - 1
     return out
 
 
 def table(rows: list[Row]) -> str:
     """A markdown table of the rows, fastest measured first (unmeasured last)."""
     head = (
-        "| plan | predicted ms | measured ms | predicted MiB | compiled MiB | mem err | "
-        "compile s | bytes per axis (compiled, KiB) |\n|---|---:|---:|---:|---:|---:|---:|---|"
+        "| plan | predicted ms | measured ms | raw ms | predicted MiB | compiled MiB | mem err | "
+        "compile s | bytes per axis (compiled, KiB) |\n"
+        "|---|---:|---:|---:|---:|---:|---:|---:|---|"
     )
     lines = [head]
-    order = sorted(rows, key=lambda r: (r.step_s is None, r.step_s or 0.0))
+    order = sorted(rows, key=lambda r: (r.seconds is None, r.seconds or 0.0))
     for r in order:
         p, c = r.ranked.prediction, r.compiled
         mark = " **(chosen)**" if r.chosen else ""
         if c is None:
-            lines.append(f"| {r.name}{mark} | {p.step_s * 1e3:.1f} | failed: {r.error} ||||||")
+            lines.append(f"| {r.name}{mark} | {p.step_s * 1e3:.1f} | failed: {r.error} |||||||")
             continue
-        measured = "" if r.step_s is None else f"{r.step_s * 1e3:.1f}"
+        measured = "" if r.seconds is None else f"{r.seconds * 1e3:.1f}"
+        raw = "" if r.step_s is None else f"{r.step_s * 1e3:.1f}"
         axes = ", ".join(f"{k} {v / 1024:.0f}" for k, v in sorted(c.axis_bytes.items()))
         lines.append(
-            f"| {r.name}{mark} | {p.step_s * 1e3:.1f} | {measured} | "
+            f"| {r.name}{mark} | {p.step_s * 1e3:.1f} | {measured} | {raw} | "
             f"{p.memory_bytes / MIB:.1f} | {c.peak_bytes / MIB:.1f} | "
             f"{(r.memory_error or 0) * 100:.1f}% | {c.compile_s:.1f} | {axes} |"
         )
@@ -234,15 +315,16 @@ def plot(rows: list[Row], path: str, title: str) -> None:
     import matplotlib.pyplot as plt
 
     ok = [r for r in rows if r.compiled is not None]
-    timed = [r for r in ok if r.step_s is not None]
+    timed = [r for r in ok if r.seconds is not None]
     fig, (ax_t, ax_m) = plt.subplots(1, 2, figsize=(11, 4.8))
-    best = min(timed, key=lambda r: r.step_s or 0.0, default=None)
+    best = min(timed, key=lambda r: r.seconds or 0.0, default=None)
+    paired = bool(timed) and all(r.normalized_s is not None for r in timed)
     _scatter(
         ax_t,
-        [(r.ranked.prediction.step_s * 1e3, r.step_s * 1e3, r) for r in timed],
+        [(r.ranked.prediction.step_s * 1e3, r.seconds * 1e3, r) for r in timed],
         best,
         "predicted step (ms)",
-        "measured step (ms)",
+        "measured step, normalised to the reference (ms)" if paired else "measured step (ms)",
     )
     _scatter(
         ax_m,
