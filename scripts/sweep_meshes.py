@@ -51,6 +51,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--memory-gb", type=float, help="budget per device (default: host RAM / N)")
     p.add_argument("--json", type=Path, help="write every row and the summary here")
     p.add_argument("--png", type=Path, help="write the predicted-vs-measured plot here")
+    p.add_argument(
+        "--from-json",
+        type=Path,
+        help="measure nothing: the rows of an earlier --json, predicted again by the current "
+        "cost model",
+    )
     p.add_argument("--cache-dir", type=Path, help="the planner's cache (default: its usual one)")
     return p.parse_args(argv)
 
@@ -86,14 +92,12 @@ def main(argv: list[str] | None = None) -> int:
     from colossal_jax.runtime.devices import simulate_cpu_devices
 
     simulate_cpu_devices(args.devices, force_cpu=True)
-    from tqdm import tqdm
-
     from colossal_jax.auto import sweep
-    from colossal_jax.auto.cache import Cache
     from colossal_jax.auto.choose import budget_of
     from colossal_jax.auto.hardware import hardware
     from colossal_jax.config import ConfigError, TrainConfig
 
+    t0 = time.perf_counter()
     try:
         cfg = TrainConfig(
             model=args.model,
@@ -103,14 +107,33 @@ def main(argv: list[str] | None = None) -> int:
             devices=args.devices,
         )
         hw = hardware("cpu", args.memory_gb)
-        rows = sweep.plans(
-            cfg, args.devices, hw, budget_of(hw, args.devices), args.filter, args.sample
-        )
-    except (ConfigError, ValueError) as e:
+        if args.from_json:
+            rows = sweep.rows_from_json(json.loads(args.from_json.read_text()), cfg, hw)
+        else:
+            rows = sweep.plans(
+                cfg, args.devices, hw, budget_of(hw, args.devices), args.filter, args.sample
+            )
+    except (ConfigError, ValueError, OSError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     print(f"{len(rows)} plans; the planner chose {rows[0].name}", flush=True)
-    t0 = time.perf_counter()
+    if not args.from_json:
+        measure(rows, args)
+    summary = sweep.summarize(rows)
+    summary["seconds"] = time.perf_counter() - t0
+    print(sweep.table(rows))
+    print(json.dumps(summary, indent=1))
+    write(rows, summary, args, argv)
+    return 0
+
+
+def measure(rows: list, args: argparse.Namespace) -> None:
+    """Every row measured, with a progress bar."""
+    from tqdm import tqdm
+
+    from colossal_jax.auto import sweep
+    from colossal_jax.auto.cache import Cache
+
     with tqdm(total=len(rows), desc="plans", unit="plan", file=sys.stderr) as bar:
 
         def tick(row: sweep.Row) -> None:
@@ -119,10 +142,12 @@ def main(argv: list[str] | None = None) -> int:
 
         cache = Cache("measured", args.cache_dir) if args.cache_dir else Cache("measured")
         sweep.run_sweep(rows, args.steps, cache, tick, paired=not args.unpaired)
-    summary = sweep.summarize(rows)
-    summary["seconds"] = time.perf_counter() - t0
-    print(sweep.table(rows))
-    print(json.dumps(summary, indent=1))
+
+
+def write(rows: list, summary: dict, args: argparse.Namespace, argv: list[str] | None) -> None:
+    """The JSON and the PNG asked for."""
+    from colossal_jax.auto import sweep
+
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         doc = {
@@ -134,17 +159,15 @@ def main(argv: list[str] | None = None) -> int:
         print(f"wrote {args.json}")
     if args.png:
         args.png.parent.mkdir(parents=True, exist_ok=True)
-        sp = summary["spearman"]
-        title = (
-            f"{args.model} {cfg.model_overrides or ''} batch {args.batch_size}×"
-            f"{args.seq_len} on {args.devices} CPU devices: {summary['measured']} plans, "
-            f"Spearman {sp:.2f}"
-            if sp is not None
-            else f"{summary['measured']} plans"
-        )
+        sp, regret = summary["spearman"], summary["regret"]
+        title = f"{args.model} {' '.join(args.set)} batch {args.batch_size}×{args.seq_len}, "
+        title += f"{args.devices} CPU devices: {summary['measured']} plans"
+        if sp is not None:
+            title += f", Spearman {sp:.2f}"
+        if regret is not None:
+            title += f", regret {regret * 100:.0f}%"
         sweep.plot(rows, str(args.png), title)
         print(f"wrote {args.png}")
-    return 0
 
 
 if __name__ == "__main__":

@@ -366,3 +366,33 @@ def _scatter(
     ax.set_xlabel(xlabel)
     ax.set_ylabel(ylabel)
     ax.legend(fontsize=8)
+
+
+def rows_from_json(doc: dict[str, Any], cfg: TrainConfig, hw: Hardware) -> list[Row]:
+    """The rows of a sweep's JSON (``scripts/sweep_meshes.py --json``) with their measured
+    figures, each plan resolved again from its layout and knobs and predicted by the current
+    cost model (the planner's choice stays the one made when the sweep ran)."""
+    from colossal_jax.auto import cost
+    from colossal_jax.auto.space import Knobs
+    from colossal_jax.checks.resolve import resolve
+    from colossal_jax.config.schema import ParallelConfig
+
+    rows = []
+    for record in doc["rows"]:
+        knobs = Knobs(**record["knobs"])
+        par = ParallelConfig(**record["parallel"])
+        plan = resolve(knobs.apply(dataclasses.replace(cfg, parallel=par)), cfg.devices or 1)
+        row = Row(
+            name=record["name"],
+            ranked=Ranked(plan, knobs, cost.predict(plan, hw)),
+            chosen=record["chosen"],
+            step_s=record["measured_step_s"],
+            error=record["error"],
+            cached=True,
+            reference_s=record.get("reference_s"),
+        )
+        if record["compiled"] is not None:
+            row.compiled = Compiled.from_json(record["compiled"])
+        rows.append(row)
+    normalize(rows)
+    return rows
