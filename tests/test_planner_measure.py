@@ -152,6 +152,17 @@ def test_the_sweep_serves_a_measured_plan_from_the_cache(swept):
     assert again[0].compiled == rows[1].compiled
 
 
+def test_a_sweep_json_is_read_back_and_predicted_again(swept):
+    cfg, hw, rows, _ = swept
+    doc = json.loads(json.dumps({"rows": [r.to_json() for r in rows]}))
+    back = sweep.rows_from_json(doc, cfg, hw)
+    assert [r.name for r in back] == [r.name for r in rows]
+    assert [r.compiled for r in back] == [r.compiled for r in rows]
+    assert [r.normalized_s for r in back] == pytest.approx([r.normalized_s for r in rows])
+    assert [r.chosen for r in back] == [r.chosen for r in rows]
+    assert sweep.summarize(back)["regret"] == pytest.approx(sweep.summarize(rows)["regret"])
+
+
 def test_compile_cached_compiles_once(swept, tmp_path, monkeypatch):
     calls = []
     figures = swept[2][1].compiled
