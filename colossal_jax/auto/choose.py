@@ -37,9 +37,9 @@ def hardware_of(devices: Devices) -> Hardware:
 
 
 def budget_of(hw: Hardware, n: int) -> float:
-    """Bytes per device the plans must fit: the device's memory, or on a CPU the host's shared
-    by its ``n`` simulated devices."""
-    return hw.memory_bytes / n if hw.shared else hw.memory_bytes
+    """Bytes per device the plans must fit: :data:`~colossal_jax.auto.hardware.USABLE_MEMORY`
+    of a GPU's memory, or on a CPU the host's shared by its ``n`` simulated devices."""
+    return hw.memory_bytes / n if hw.shared else hw.memory_bytes * hardware.USABLE_MEMORY
 
 
 def summary(result: SearchResult, hw: Hardware) -> list[str]:

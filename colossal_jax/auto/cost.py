@@ -145,7 +145,7 @@ def axis_traffic(plan: Plan) -> dict[str, tuple[float, float]]:
     L, h, a, w, _ = _dims(plan)
     ab, mt = _act_bytes(plan), plan.schedule_microbatches
     layers = L // par.pipe
-    psi = plan.param_count / (par.tensor_size * par.pipe)
+    psi = plan.param_count / (_param_split(plan) * par.pipe)
     out: dict[str, tuple[float, float]] = {}
     tok = _tokens_per_microbatch(plan)
     if par.tensor_size > 1:
@@ -193,6 +193,15 @@ def axis_traffic(plan: Plan) -> dict[str, tuple[float, float]]:
     return out
 
 
+def _param_split(plan: Plan) -> int:
+    """How many pieces the tensor mode cuts the parameters into: its whole group, except a
+    mode with a depth (2.5D), whose depth layers each hold the same ``q × q`` blocks."""
+    par = plan.config.parallel
+    if tensor_mode(par.tensor_mode).takes_depth:
+        return par.tensor_size // par.tensor_depth
+    return par.tensor_size
+
+
 def _act_split(plan: Plan) -> int:
     """How many pieces the tensor mode cuts a ``[tokens, h]`` activation into (1D keeps it
     whole on every device; the grids cut rows and columns)."""
@@ -232,8 +241,8 @@ MEMORY_COEF = {
     "grads": 1.0,
     "kept": 1.0,
     "working": 1.0,
-    "pipe_kept": 1.75,
-    "stage_copies": 2.45,
+    "pipe_kept": 1.58,
+    "stage_copies": 2.36,
     "logits": 1.0,
 }
 """The weight of each memory term (:func:`memory_terms`) in the predicted peak: the terms are
@@ -282,7 +291,7 @@ def memory_terms(plan: Plan) -> dict[str, float]:
     L, h, _, w, vocab = _dims(plan)
     n = plan.param_count
     slots = optimizer(plan.config.optim.name).state_slots(plan.config.optim.b1)
-    split = par.tensor_size * par.pipe
+    split = _param_split(plan) * par.pipe
 
     def over(stage: int) -> int:
         return split * (par.data if plan.zero >= stage else 1)
@@ -294,7 +303,7 @@ def memory_terms(plan: Plan) -> dict[str, float]:
     if plan.precision != "fp32":
         grads += 2 * n / over(3)
     if plan.zero == 3:
-        grads += 2 * 4 * (4 * h * h + 2 * h * w) / par.tensor_size
+        grads += 2 * 4 * (4 * h * h + 2 * h * w) / _param_split(plan)
     ab = _act_bytes(plan)
     tok = _tokens_per_microbatch(plan)
     layers = L // par.pipe
@@ -376,7 +385,7 @@ def _offload_seconds(plan: Plan, hw: Hardware) -> float:
     inputs both ways."""
     par = plan.config.parallel
     n = plan.param_count
-    split = par.tensor_size * par.pipe
+    split = _param_split(plan) * par.pipe
     nbytes = 0.0
     slots = optimizer(plan.config.optim.name).state_slots(plan.config.optim.b1)
     if plan.offload in ("optimizer", "params"):

@@ -24,6 +24,11 @@ from colossal_jax.config.errors import ConfigError
 
 GB = 1e9
 
+USABLE_MEMORY = 0.9
+"""The fraction of a GPU's memory a plan may fill by default: the rest is the runtime's (CUDA
+context, cuBLAS/cuDNN workspaces, allocator fragmentation). ``--memory-gb`` sets the budget
+exactly instead."""
+
 LINK_EFFICIENCY = 0.8
 """The fraction of a link's documented per-direction bandwidth a large collective achieves
 (NCCL's all-reduce bus bandwidth on 8×H100 NVLink is about 360–380 GB/s of 450; on NDR

@@ -10,7 +10,7 @@ Enumeration (:func:`layouts`, :func:`knobs`):
 
 - every ordered factorization ``n = data · pipe · tensor · seq``;
 - the tensor group factored by every registered splitting mode and, for a mode that takes a
-  depth (2.5D), every depth;
+  depth (2.5D), every depth above 1 (depth 1 is the 2D grid);
 - every registered sequence mode that splits the sequence when ``seq > 1``;
 - every pipelined schedule when ``pipe > 1``, with microbatches ``M ∈ {p, 2p, 4p, 8p}`` and,
   for a virtual schedule, ``V ∈ {2, 4}``;
@@ -121,6 +121,8 @@ def tensor_grids(total: int) -> list[tuple[str, dict[str, int]]]:
                 )
             except ConfigError:
                 continue
+            if mode.takes_depth and sizes.get("tensor_depth", 1) == 1:
+                continue  # depth 1 is the 2D grid (Tesseract with d = 1 is SUMMA)
             if sizes not in seen:
                 seen.append(sizes)
                 out.append((mode.name, sizes))
