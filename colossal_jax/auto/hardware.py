@@ -145,6 +145,13 @@ CPU_DEFAULT: dict = {
 """The CPU model used when no calibration file exists (``scripts/calibrate_cpu.py`` writes
 one)."""
 
+CPU_ALPHA_S = 6e-3
+"""The least fixed cost of one collective inside a whole step on simulated CPU devices: each
+collective is a rendezvous of every device's thread on the shared cores, which an isolated
+timing of one collective (the calibration's α, about 0) does not see. Read off the first paired
+measurements of the 4-layer GPT's plans on 8 devices (docs/planner.md): the step grew by about
+1.1% of its compute per collective, i.e. 6 ms at the calibrated FLOP rate."""
+
 CALIBRATION_ENV = "COLOSSAL_JAX_CALIBRATION"
 """Environment variable naming the CPU calibration JSON (else :func:`calibration_path`)."""
 
@@ -161,13 +168,14 @@ def calibration_path() -> Path:
 def cpu_from(doc: dict) -> Hardware:
     """The CPU model of a calibration document (the JSON ``scripts/calibrate_cpu.py`` writes:
     ``flops_per_s`` of the host, ``axes: {axis: {alpha_s, beta_bytes_per_s}}``, optional
-    ``alpha_s``/``beta_bytes_per_s`` for axes it lacks, ``memory_bytes``)."""
+    ``alpha_s``/``beta_bytes_per_s`` for axes it lacks, ``memory_bytes``); α is at least
+    :data:`CPU_ALPHA_S`."""
     default = Link(
-        alpha_s=float(doc.get("alpha_s", CPU_DEFAULT["alpha_s"])),
+        alpha_s=max(CPU_ALPHA_S, float(doc.get("alpha_s", CPU_DEFAULT["alpha_s"]))),
         beta=float(doc.get("beta_bytes_per_s", CPU_DEFAULT["beta_bytes_per_s"])),
     )
     axes = {
-        a: Link(alpha_s=float(v["alpha_s"]), beta=float(v["beta_bytes_per_s"]))
+        a: Link(alpha_s=max(CPU_ALPHA_S, float(v["alpha_s"])), beta=float(v["beta_bytes_per_s"]))
         for a, v in doc.get("axes", {}).items()
     }
     return Hardware(
