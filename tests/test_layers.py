@@ -29,7 +29,9 @@ FLOORS: tuple[tuple[str, ...], ...] = (
     ("checks",),  # rules that need files, a checkpoint or the bridge; resolve → Plan
     ("runtime",),  # signals, watchdog, divergence guard, profiler, metrics writers, devices
     ("training",),  # build(plan), steps, the loop and its hooks, optimizers, checkpoints
-    ("cli", "generate", "hf_export", "analysis", "__init__"),  # entry points
+    ("analysis",),  # reading compiled programs: collectives, bytes per mesh axis
+    ("auto",),  # the planner: search space, hardware and cost models, measured figures
+    ("cli", "generate", "hf_export", "__init__"),  # entry points
 )
 """The floors of ``colossal_jax``, bottom first: a top-level module or sub-package per name."""
 

@@ -227,12 +227,27 @@ def _split_computations(text: str) -> tuple[dict[str, list[str]], str | None]:
 
 def analyze(hlo_text: str) -> Report:
     """Every collective of a compiled module, with loop multiplicities."""
+    report = Report()
+    for collective, _ in _walk(hlo_text, report):
+        report.collectives.append(collective)
+    return report
+
+
+def collective_lines(hlo_text: str) -> list[tuple[Collective, str]]:
+    """Every collective of a compiled module (as :func:`analyze`) with its HLO line, whose
+    ``replica_groups`` / ``source_target_pairs`` :func:`device_groups` reads."""
+    return list(_walk(hlo_text, Report()))
+
+
+def _walk(hlo_text: str, report: Report) -> list[tuple[Collective, str]]:
+    """The collectives reached from the entry computation, each with its line; loops of unknown
+    trip count are counted in ``report.unknown_trip_counts``."""
     comps, entry = _split_computations(hlo_text)
     m = _PARTITIONS.search(hlo_text)
     n_partitions = int(m.group(1)) if m else 1
-    report = Report()
+    found: list[tuple[Collective, str]] = []
     if entry is None:
-        return report
+        return found
 
     def visit(name: str, mult: int, stack: tuple[str, ...]) -> None:
         if name in stack or name not in comps:
@@ -242,15 +257,14 @@ def analyze(hlo_text: str) -> Report:
             if op_match:
                 op_text = op_match.group("op")
                 op = op_text.removesuffix("-start")
-                report.collectives.append(
-                    Collective(
-                        op=op,
-                        group_size=_group_size(line, op, n_partitions),
-                        result_bytes=_result_bytes(op_match.group("type"), op_text),
-                        count=mult,
-                        computation=name,
-                    )
+                collective = Collective(
+                    op=op,
+                    group_size=_group_size(line, op, n_partitions),
+                    result_bytes=_result_bytes(op_match.group("type"), op_text),
+                    count=mult,
+                    computation=name,
                 )
+                found.append((collective, line))
             if "-done(" in line or " async-done(" in line or "async-update(" in line:
                 continue
             called = _CALLS.findall(line)
@@ -267,7 +281,84 @@ def analyze(hlo_text: str) -> Report:
                 visit(c, inner, (*stack, name))
 
     visit(entry, 1, ())
-    return report
+    return found
+
+
+_PAIR_LIST = re.compile(r"source_target_pairs=\{((?:\{[0-9,\s]*\},?\s*)*)\}")
+_IOTA_FULL = re.compile(
+    r"replica_groups=\[(?P<shape>[0-9,]+)\]<=\[(?P<dims>[0-9,]+)\](?:T\((?P<perm>[0-9,]+)\))?"
+)
+
+
+def device_groups(line: str, n_devices: int) -> list[list[int]]:
+    """The groups of device (partition) ids one collective's HLO ``line`` runs over: its
+    ``replica_groups`` as a list (``{{0,1},{2,3}}``) or in iota form (``[2,4]<=[4,2]T(1,0)``:
+    ``arange(8).reshape(4, 2).transpose(1, 0).reshape(2, 4)``), all ``n_devices`` for an empty
+    list, and for a collective-permute the connected components of its
+    ``source_target_pairs`` (devices it leaves out are not in any group)."""
+    pairs = _PAIR_LIST.search(line)
+    if pairs is not None and "collective-permute" in line:
+        return _components(_int_lists(pairs.group(1)))
+    m = _IOTA_FULL.search(line)
+    if m:
+        return _iota_groups(m.group("shape"), m.group("dims"), m.group("perm"))
+    m = _GROUPS_LIST.search(line)
+    if m:
+        return _int_lists(m.group(1))
+    return [list(range(n_devices))]
+
+
+def _int_lists(text: str) -> list[list[int]]:
+    """``{0,1},{2,3}`` → ``[[0, 1], [2, 3]]``."""
+    return [
+        [int(t) for t in part.split(",") if t.strip()]
+        for part in re.findall(r"\{([0-9,\s]*)\}", text)
+    ]
+
+
+def _iota_groups(shape: str, dims: str, perm: str | None) -> list[list[int]]:
+    """The groups of an iota ``replica_groups=[shape]<=[dims]T(perm)``."""
+    dim_list = [int(d) for d in dims.split(",")]
+    ids: list = list(range(_prod(dim_list)))
+    if perm:
+        order = [int(p) for p in perm.split(",")]
+        strides = [_prod(dim_list[i + 1 :]) for i in range(len(dim_list))]
+        new_dims = [dim_list[p] for p in order]
+        ids = []
+        for flat in range(_prod(new_dims)):
+            index, rest = [0] * len(new_dims), flat
+            for axis in reversed(range(len(new_dims))):
+                index[axis], rest = rest % new_dims[axis], rest // new_dims[axis]
+            ids.append(sum(index[k] * strides[order[k]] for k in range(len(order))))
+    size = [int(d) for d in shape.split(",")][-1]
+    return [ids[i : i + size] for i in range(0, len(ids), size)]
+
+
+def _prod(values: list[int]) -> int:
+    out = 1
+    for v in values:
+        out *= v
+    return out
+
+
+def _components(pairs: list[list[int]]) -> list[list[int]]:
+    """The connected components of the devices a permute's ``(source, target)`` pairs join."""
+    parent: dict[int, int] = {}
+
+    def root(x: int) -> int:
+        parent.setdefault(x, x)
+        while parent[x] != x:
+            parent[x] = parent[parent[x]]
+            x = parent[x]
+        return x
+
+    for pair in pairs:
+        a, b = root(pair[0]), root(pair[-1])
+        parent[a] = b
+    groups: dict[int, list[int]] = defaultdict(list)
+    for x in sorted(parent):
+        groups[root(x)].append(x)
+    return list(groups.values())
 
 
 def bytes_moved(hlo_text: str) -> float:

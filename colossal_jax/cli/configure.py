@@ -26,9 +26,7 @@ from colossal_jax.config import (
 )
 from colossal_jax.config.families import MODELS, family_of, train_defaults
 from colossal_jax.config.flags import ConfigFlag, flags_of, values_of
-
-PRESET_MODES = ("tensor_mode", "seq_mode", "zero")
-"""The modes a ``--mesh`` preset may set (:func:`colossal_jax.config.parse_mesh`)."""
+from colossal_jax.config.mesh_spec import PRESET_MODES, preset_train
 
 PROFILE_STEPS = "3:5"
 """The steps traced with ``--profile-dir`` and no ``--profile-steps``."""
@@ -58,10 +56,26 @@ def parallel_config(
         tensor_depth=tensor_depth,
     )
     modes = {k: sizes.pop(k) for k in PRESET_MODES if k in sizes}
-    modes.update({k: v for k, v in given.items() if v is not None})
+    defaults = {f.name: f.default for f in dataclasses.fields(ParallelConfig)}
+    # a flag given wins over the preset; one left at its field's default does not
+    modes.update(
+        {k: v for k, v in given.items() if v is not None and not (k in modes and v == defaults[k])}
+    )
     if "seq_mode" not in modes and sizes.get("seq", 1) > 1:
         modes["seq_mode"] = "ring"
     return ParallelConfig(**sizes, **modes)
+
+
+def parallel_flags_given(args) -> list[str]:
+    """The :class:`ParallelConfig` fields whose flags were given a value other than the
+    default (``--mesh auto`` refuses them)."""
+    defaults = {f.name: f.default for f in dataclasses.fields(ParallelConfig)}
+    out = []
+    for f in flags_of(ParallelConfig):
+        value = getattr(args, f.dest)
+        if value is not None and value != defaults[f.field]:
+            out.append(f.field)
+    return out
 
 
 def config_from_args(args, n_devices: int) -> TrainConfig:
@@ -77,6 +91,8 @@ def config_from_args(args, n_devices: int) -> TrainConfig:
     optim = OptimConfig(**values_of(OptimConfig, args, family, prefix="optim."))
     cfg = TrainConfig(**fields, optim=optim, parallel=parallel)
     cfg = dataclasses.replace(cfg, **_other_family_defaults(family))
+    train = {k: v for k, v in preset_train(args.mesh).items() if fields[k] == _default(k)}
+    cfg = dataclasses.replace(cfg, **train)  # a preset's [train] where no flag was given
     given = getattr(args, "given", frozenset())
     flagged = {
         (group, f.field): f
@@ -87,6 +103,11 @@ def config_from_args(args, n_devices: int) -> TrainConfig:
     cfg = _apply_sets(cfg, args.set, flagged)
     _check_model_name(cfg.model)
     return cfg
+
+
+def _default(name: str) -> Any:
+    """The default of the :class:`TrainConfig` field ``name``."""
+    return {f.name: f.default for f in dataclasses.fields(TrainConfig)}[name]
 
 
 def _other_family_defaults(family: dict[str, Any]) -> dict[str, Any]:

@@ -8,6 +8,7 @@ detected cluster).
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import math
 import os
@@ -20,6 +21,9 @@ from colossal_jax.config import AXES, ConfigError, TrainConfig, parse_mesh
 from colossal_jax.config.plan import Devices, Plan
 from colossal_jax.config.train_rules import check_xla_preset
 from colossal_jax.runtime import signals
+
+AUTO = "auto"
+"""``--mesh auto``: the planner chooses the mesh, modes and memory knobs (docs/planner.md)."""
 
 DEFAULT_CPU_DEVICES = 8
 """Host devices a run simulates on a CPU without ``--devices``."""
@@ -87,11 +91,29 @@ def run_config(args, n_devices: int) -> TrainConfig:
     return dataclasses.replace(config_from_args(args, n_devices), devices=n_devices)
 
 
+def auto_run(args, devices: Devices) -> Plan:
+    """``--mesh auto``: the planner's plan (:func:`colossal_jax.auto.choose.auto_plan`) for the
+    run of the other flags on ``devices``, its choice printed (stderr). A mesh flag given
+    beside it is refused: the planner chooses them all."""
+    from colossal_jax.auto.choose import auto_plan
+    from colossal_jax.cli.configure import parallel_flags_given
+
+    given = parallel_flags_given(args)
+    if given:
+        raise ConfigError(
+            f"--mesh auto chooses the parallel modes itself; drop --{given[0].replace('_', '-')}"
+            " (or give --mesh explicitly)"
+        )
+    n = args.devices if args.devices is not None and devices.platform != "cpu" else devices.count
+    cfg = run_config(argparse.Namespace(**{**vars(args), "mesh": None}), n)
+    return auto_plan(cfg, devices, log=lambda line: print(line, file=sys.stderr))
+
+
 def plan_before_jax(args, devices_set: bool, cluster: str | None) -> Plan | None:
     """The run's plan, resolved before JAX starts where the device count is known without JAX
     (:func:`devices_before_jax`; never in a ``cluster``, whose processes JAX counts), for that
     many devices of unknown memory; None otherwise."""
-    if cluster is not None:
+    if cluster is not None or args.mesh == AUTO:  # the planner plans for the devices JAX has
         return None
     known = devices_before_jax(args, devices_set)
     return None if known is None else resolve(run_config(args, known), Devices(known))
@@ -106,6 +128,8 @@ def plan_with_jax(args, plan: Plan | None) -> Plan:
     from colossal_jax.runtime.devices import current_devices
 
     devices = current_devices()
+    if args.mesh == AUTO:
+        return auto_run(args, devices)
     n = devices.count
     if args.devices is not None and devices.platform != "cpu":
         if args.devices > n:

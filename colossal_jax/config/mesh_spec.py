@@ -175,7 +175,16 @@ def _preset_path(spec: str) -> Path | None:
 
 PRESET_KEYS = {
     "mesh": {**dict.fromkeys(AXES, int), "tensor": int},
-    "modes": {"tensor_mode": str, "seq_mode": str, "zero": int, "tensor_depth": int},
+    "modes": {
+        "tensor_mode": str,
+        "seq_mode": str,
+        "zero": int,
+        "tensor_depth": int,
+        "pipeline": str,
+        "microbatches": int,
+        "virtual_stages": int,
+    },
+    "train": {"remat": str, "offload": str, "grad_accum": int, "precision": str},
 }
 """The sections of a mesh preset and the type of each key: ``[mesh]`` the axis sizes (or the
 ``tensor`` shorthand), ``[modes]`` the modes; nothing else is read, so nothing else is allowed."""
@@ -247,10 +256,36 @@ def _load_preset(path: Path, n_devices: int | None) -> dict[str, Any]:
         tensor_mode=modes.get("tensor_mode", "none"),
         tensor_depth=modes.get("tensor_depth"),
     )
-    for key in ("tensor_mode", "seq_mode", "zero"):
+    for key in PRESET_MODES:
         if key in modes:
             out[key] = modes[key]
     return out
+
+
+PRESET_MODES = ("tensor_mode", "seq_mode", "zero", "pipeline", "microbatches", "virtual_stages")
+"""The :class:`ParallelConfig` fields a preset's ``[modes]`` table may set."""
+PRESET_TRAIN = ("remat", "offload", "grad_accum", "precision")
+"""The :class:`TrainConfig` fields a preset's ``[train]`` table may set (the planner's
+presets, ``scripts/plan.py --out``, carry the memory knobs they were planned with)."""
+
+
+def preset_train(spec: str | None) -> dict[str, Any]:
+    """The ``[train]`` table of the preset ``spec`` names (``{}`` for axis=size pairs or a
+    preset without one), restricted to :data:`PRESET_TRAIN`."""
+    path = _preset_path(spec) if spec is not None and spec.strip() else None
+    if path is None:
+        return {}
+    try:
+        train = tomllib.loads(path.read_text()).get("train", {})
+    except tomllib.TOMLDecodeError as e:
+        raise ConfigError(f"--mesh {path}: not valid TOML ({e})") from None
+    unknown = sorted(set(train) - set(PRESET_TRAIN))
+    if unknown:
+        raise ConfigError(
+            f"--mesh {path}: [train] {unknown[0]} is not a preset field; use "
+            f"{', '.join(PRESET_TRAIN)}"
+        )
+    return dict(train)
 
 
 def describe_preset(name: str) -> str:

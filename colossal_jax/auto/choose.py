@@ -1,0 +1,112 @@
+"""The planner for a run about to start: ``scripts/train.py --mesh auto`` and
+:func:`auto_plan` (``cj.train(cj.auto_plan(cfg))``), and the preset ``scripts/plan.py --out``
+writes.
+
+The devices a run has decide the hardware model: simulated CPU devices are costed with this
+machine's calibration (:func:`colossal_jax.auto.hardware.load_cpu`), a GPU as an H100 (the
+backend does not say which GPU it is; ``scripts/plan.py --device`` chooses explicitly). The
+memory budget is the device's memory where JAX reports it, else the model's (on a CPU, the host's
+memory shared by the simulated devices).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+
+from colossal_jax.auto import hardware
+from colossal_jax.auto.hardware import Hardware
+from colossal_jax.auto.search import Ranked, SearchResult, plan_for, why_lost
+from colossal_jax.checks.resolve import bind
+from colossal_jax.config.plan import Devices, Plan
+from colossal_jax.config.schema import TrainConfig
+
+AUTO = "auto"
+"""``--mesh auto``."""
+
+DEFAULT_TIME_BUDGET = 30.0
+"""Seconds ``--mesh auto`` searches before it takes the best plan found."""
+
+
+def hardware_of(devices: Devices) -> Hardware:
+    """The hardware model of ``devices`` (this module's docstring)."""
+    hw = hardware.hardware("cpu" if devices.platform == "cpu" else "h100")
+    if devices.memory_bytes is not None:
+        hw = dataclasses.replace(hw, memory_bytes=float(devices.memory_bytes))
+    return hw
+
+
+def budget_of(hw: Hardware, n: int) -> float:
+    """Bytes per device the plans must fit: :data:`~colossal_jax.auto.hardware.USABLE_MEMORY`
+    of a GPU's memory, or on a CPU the host's shared by its ``n`` simulated devices."""
+    return hw.memory_bytes / n if hw.shared else hw.memory_bytes * hardware.USABLE_MEMORY
+
+
+def summary(result: SearchResult, hw: Hardware) -> list[str]:
+    """Lines saying the chosen plan, its prediction and why the runner-up lost."""
+    best = result.best
+    p = best.prediction
+    lines = [
+        f"planned: {best.name}: predicted {p.step_s * 1e3:.1f} ms per step, "
+        f"{p.memory_bytes / 1e9:.2f} GB per device ({hw.name}); {len(result.ranked)} plans "
+        f"fit of {result.layouts} layouts searched in {result.seconds:.1f} s"
+    ]
+    if len(result.ranked) > 1:
+        lines.append(f"runner-up: {result.ranked[1].name}: {why_lost(best, result.ranked[1])}")
+    if result.stopped_early:
+        lines.append("the time budget ended the search early: this is the best found so far")
+    return lines
+
+
+def auto_plan(
+    cfg: TrainConfig,
+    devices: Devices | None = None,
+    *,
+    time_budget: float | None = DEFAULT_TIME_BUDGET,
+    log: Callable[[str], None] | None = print,
+) -> Plan:
+    """The plan the planner chooses for ``cfg`` (its model, batch, sequence and training fields;
+    its mesh, modes and memory knobs are replaced) on ``devices`` (default: the devices JAX
+    has), bound to them; the chosen plan and why are passed to ``log``. Raises
+    :class:`~colossal_jax.config.errors.ConfigError` when no plan fits."""
+    if devices is None:
+        from colossal_jax.runtime.devices import current_devices
+
+        devices = current_devices()
+    n = cfg.devices or devices.count
+    hw = hardware_of(devices)
+    plan, result = plan_for(cfg, n, hw, budget_of(hw, n), time_budget=time_budget)
+    if log is not None:
+        for line in summary(result, hw):
+            log(line)
+    return bind(plan, devices)
+
+
+def preset_text(best: Ranked, header: str) -> str:
+    """A ``meshes/`` TOML preset of ``best`` that ``scripts/train.py --mesh FILE`` runs: the
+    axes (``data`` too, so the preset fixes the device count), the modes and the memory knobs
+    (``[train]``, :data:`colossal_jax.config.mesh_spec.PRESET_TRAIN`); ``header`` becomes its
+    comment lines."""
+    par = best.plan.config.parallel
+    cfg = best.plan.config
+    lines = [f"# {line}" for line in header.splitlines()]
+    lines.append("[mesh]")
+    for axis, size in par.axis_sizes.items():
+        if size > 1 or axis == "data":
+            lines.append(f"{axis} = {size}")
+    lines.append("[modes]")
+    lines.append(f'tensor_mode = "{par.tensor_mode}"')
+    lines.append(f'seq_mode = "{par.seq_mode}"')
+    lines.append(f"zero = {par.zero}")
+    if par.pipelined:
+        lines.append(f'pipeline = "{par.pipeline}"')
+        lines.append(f"microbatches = {par.num_microbatches}")
+        if par.virtual_stages > 1:
+            lines.append(f"virtual_stages = {par.virtual_stages}")
+    lines.append("[train]")
+    lines.append(f'remat = "{cfg.remat}"')
+    lines.append(f'offload = "{cfg.offload}"')
+    lines.append(f"grad_accum = {cfg.grad_accum}")
+    if cfg.precision != "fp32":
+        lines.append(f'precision = "{cfg.precision}"')
+    return "\n".join(lines) + "\n"

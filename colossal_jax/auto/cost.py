@@ -1,0 +1,410 @@
+"""The planner's cost model: predicted step time and memory per device of a :class:`Plan`.
+
+Everything is derived from the model's dimensions and the plan, in closed form (no compile):
+
+- **Compute.** The model's training FLOPs (``flops_per_token(seq_len)``: ``6·N + 12·L·s·h`` for a
+  GPT), times the recompute of the remat policy (``full``/``offload``: the forward again, ×4/3;
+  ``selective``: the attention core's forward again; ``none``/``dots``: ×1), split over the
+  devices, at ``peak_flops · efficiency`` (:mod:`colossal_jax.auto.hardware`). Simulated CPU
+  devices share the host's cores, so there the step costs every device's FLOPs at the host's
+  measured rate.
+- **Pipeline bubble.** ``(p − 1) / (M·V)`` of the compute for GPipe, 1F1B (PipeDream-Flush; the
+  same bubble as GPipe, fewer microbatches in flight) and interleaved 1F1B (V chunks per stage,
+  Narayanan et al. 2021), ``M`` counting the accumulation's microbatches too.
+- **Communication**, bytes received per device per step on each mesh axis, by the formulas of
+  docs/formulas.md: tensor (:mod:`colossal_jax.tensor.cost`, every layer of the stage, every
+  microbatch), sequence (:mod:`colossal_jax.sequence.cost`), pipeline (one activation forward
+  and its gradient back per microbatch and chunk), data (the gradient all-reduce, or ZeRO's
+  reduce-scatter + all-gather, stage 2 per microbatch, stage 3 with two gathers per microbatch).
+  Each axis's bytes cost ``α · collectives + bytes / β`` on its link.
+- **Overlap (the assumption).** On a GPU the data axis's traffic (gradient reduction, ZeRO
+  gathers) overlaps the backward pass, so only what exceeds 2/3 of the compute is exposed; the
+  tensor, sequence and pipeline traffic is on the critical path of every layer and is not
+  overlapped; host offload copies (as implemented, the offloaded tree is copied in at the step's
+  start, docs/memory.md) are exposed. On the simulated CPU devices nothing overlaps.
+- **Memory per device.** The training state (fp32 parameters, gradients and optimizer slots,
+  split over the tensor and pipeline axes and over ``data`` by the ZeRO stage, as
+  :func:`~colossal_jax.config.model_rules.state_bytes`; offloaded state still counts, since the
+  step copies it in whole), a 16-bit copy of the parameters under bf16/fp16, ZeRO-3's gathered
+  layer, the activations each remat policy keeps (per layer and token, below) for the
+  microbatches in flight (1 without a pipeline, ``M`` for GPipe, ``p`` for 1F1B, ``p·(1 +
+  (p−1)/(p·V))`` interleaved), the logits and their gradient, and a fixed per-device overhead.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from colossal_jax.auto.hardware import Hardware
+from colossal_jax.config.choices import MESH_ORDER
+from colossal_jax.config.optimizers import optimizer
+from colossal_jax.config.plan import Plan
+from colossal_jax.config.tensor_modes import tensor_mode
+from colossal_jax.sequence import cost as seq_cost
+from colossal_jax.tensor.cost import Grid, layer_elements
+
+RECOMPUTE = {"none": 0.0, "dots": 0.0, "selective": None, "full": 1 / 3, "offload": 1 / 3}
+"""Extra FLOPs of each remat policy as a fraction of the step's (None: the attention core's
+forward, computed per plan)."""
+
+OVERLAP = 2 / 3
+"""The fraction of the compute (the backward pass) that hides the data axis's traffic (GPU)."""
+
+COLLECTIVES_PER_LAYER = {"none": 0, "1d": 4, "2d": 12, "2.5d": 12, "3d": 12}
+"""Collectives per layer and microbatch, forward and backward, of each tensor mode (its α
+count): 1D's two all-reduces forward and two backward; the grids gather X and W and scatter
+back for each of four linears. A mode not listed counts 12."""
+
+PARAM_LEAVES = 16
+"""Parameter arrays a reduction over ``data`` runs one collective for (scanned layers are
+stacked: about 16 leaves whatever the depth)."""
+
+
+@dataclass(frozen=True)
+class Prediction:
+    """Predicted figures of one plan's step, per device.
+
+    Attributes:
+      step_s: the step time: compute + bubble + exposed communication + offload copies.
+      compute_s, bubble_s, comm_s, offload_s: its parts (``comm_s``: exposed only).
+      memory_bytes: peak bytes per device.
+      axis_bytes: bytes received per device per step on each mesh axis (before overlap).
+      axis_s: seconds of each axis's traffic (before overlap).
+      flops: FLOPs per device per step (recompute included).
+      model_flops: the model's FLOPs of the step, all devices (no recompute): the MFU numerator.
+      state_bytes, activation_bytes: parts of ``memory_bytes``.
+    """
+
+    step_s: float
+    compute_s: float
+    bubble_s: float
+    comm_s: float
+    offload_s: float
+    memory_bytes: float
+    axis_bytes: dict[str, float] = field(hash=False)
+    axis_s: dict[str, float] = field(hash=False)
+    flops: float
+    model_flops: float
+    state_bytes: float
+    activation_bytes: float
+
+    def mfu(self, hw: Hardware, n: int) -> float:
+        """Model FLOPs utilisation: the model's FLOPs over ``n`` devices' peak for the step."""
+        peak = hw.peak_flops if hw.shared else hw.peak_flops * n
+        return self.model_flops / (peak * self.step_s)
+
+
+def _act_bytes(plan: Plan) -> int:
+    return 4 if plan.precision == "fp32" else 2
+
+
+def _dims(plan: Plan) -> tuple[int, int, int, int, int]:
+    m = plan.model
+    return m.n_layer, m.n_embd, m.n_head, m.mlp_width, m.vocab_size
+
+
+def _grid(plan: Plan) -> Grid:
+    par = plan.config.parallel
+    q = par.tensor_row if par.tensor_mode not in ("none", "1d") else 1
+    return Grid(par.tensor_mode, par.tensor_size, q=q, d=par.tensor_depth)
+
+
+def flops(plan: Plan) -> tuple[float, float]:
+    """``(model FLOPs of the step, FLOPs per device with recompute)``."""
+    cfg = plan.config
+    tokens = cfg.batch_size * cfg.seq_len
+    model = plan.model.flops_per_token(cfg.seq_len) * tokens
+    extra = RECOMPUTE[plan.remat]
+    if extra is None:  # selective: the attention core's forward (4·L·s·h of 12·L·s·h per token)
+        L, h = plan.model.n_layer, plan.model.n_embd
+        extra = 4 * L * cfg.seq_len * h * tokens / model
+    return model, model * (1 + extra) / plan.n_devices
+
+
+def bubble(plan: Plan) -> float:
+    """The pipeline bubble as a fraction of the compute: ``(p − 1) / (M·V)``."""
+    p = plan.config.parallel.pipe
+    if p == 1:
+        return 0.0
+    return (p - 1) / (plan.schedule_microbatches * plan.virtual_stages)
+
+
+def _tokens_per_microbatch(plan: Plan) -> float:
+    """Tokens of one microbatch of one data replica and sequence shard (the rows a tensor
+    group's linears see)."""
+    par = plan.config.parallel
+    seqs = plan.config.batch_size / (par.data * plan.schedule_microbatches)
+    return seqs * plan.config.seq_len / par.seq
+
+
+def axis_traffic(plan: Plan) -> dict[str, tuple[float, float]]:
+    """``axis -> (bytes received per device per step, collectives)`` for every axis above 1;
+    the tensor group's bytes are split evenly over its axes."""
+    par, cfg = plan.config.parallel, plan.config
+    L, h, a, w, _ = _dims(plan)
+    ab, mt = _act_bytes(plan), plan.schedule_microbatches
+    layers = L // par.pipe
+    psi = plan.param_count / (_param_split(plan) * par.pipe)
+    out: dict[str, tuple[float, float]] = {}
+    tok = _tokens_per_microbatch(plan)
+    if par.tensor_size > 1:
+        per_layer = layer_elements(_grid(plan), int(tok), h, w) * ab
+        t = par.tensor_size
+        embed = 4 * (t - 1) / t * tok * h * ab  # embedding out + logits stats, fwd + bwd
+        total = (per_layer * layers + embed) * mt
+        count = COLLECTIVES_PER_LAYER.get(par.tensor_mode, 12) * layers * mt
+        axes = [x for x in ("tensor_row", "tensor_col", "tensor_depth") if getattr(par, x) > 1]
+        for x in axes:
+            out[x] = (total / len(axes), count / len(axes))
+    if par.seq > 1:
+        p, s = par.seq, cfg.seq_len
+        b = tok * p / s  # sequences of the microbatch
+        hh = h / plan.tensor_split.divisor("heads")
+        name = plan.seq_mode
+        if name == "ulysses":
+            el, count = 2 * seq_cost.ulysses_forward_elements(b, s, hh, p), 8
+        elif name == "ring":
+            el = seq_cost.ring_forward_elements(b, s, hh, p) + seq_cost.ring_backward_elements(
+                b, s, hh, p
+            )
+            count = 6 * (p - 1)
+        else:  # ring self-attention: RingQK and RingAV forward, twice that backward
+            el, count = 3 * seq_cost.ring_self_attention_forward_elements(b, s, hh, p), 6 * (p - 1)
+        out["seq"] = (el * ab * layers * mt, count * layers * mt)
+    if par.pipe > 1:
+        act = tok * h * ab / _act_split(plan)
+        n = 2 * mt * plan.virtual_stages
+        out["pipe"] = (n * act, n)
+    if par.data > 1:
+        d = par.data
+        f = (d - 1) / d
+        z = plan.zero
+        accum = plan.grad_accum
+        if z == 0:
+            nbytes, count = 2 * f * 4 * psi, PARAM_LEAVES
+        elif z == 1:
+            nbytes, count = 3 * f * 4 * psi, 2 * PARAM_LEAVES
+        elif z == 2:
+            nbytes, count = (accum + 1) * f * 4 * psi, (accum + 1) * PARAM_LEAVES
+        else:
+            nbytes, count = 3 * f * 4 * psi * mt, 3 * PARAM_LEAVES * mt
+        out["data"] = (nbytes, count)
+    return out
+
+
+def _param_split(plan: Plan) -> int:
+    """How many pieces the tensor mode cuts the parameters into: its whole group, except a
+    mode with a depth (2.5D), whose depth layers each hold the same ``q × q`` blocks."""
+    par = plan.config.parallel
+    if tensor_mode(par.tensor_mode).takes_depth:
+        return par.tensor_size // par.tensor_depth
+    return par.tensor_size
+
+
+def _act_split(plan: Plan) -> int:
+    """How many pieces the tensor mode cuts a ``[tokens, h]`` activation into (1D keeps it
+    whole on every device; the grids cut rows and columns)."""
+    par = plan.config.parallel
+    if not tensor_mode(par.tensor_mode).splits_tensor or par.tensor_mode == "1d":
+        return 1
+    return par.tensor_size
+
+
+def _inner_sizes(plan: Plan) -> dict[str, int]:
+    """For each axis, the product of the axis sizes inside it in the physical mesh order."""
+    sizes = dict(zip(MESH_ORDER, plan.mesh_shape, strict=True))
+    out, inner = {}, 1
+    for axis in reversed(MESH_ORDER):
+        out[axis] = inner
+        inner *= sizes[axis]
+    return out
+
+
+PER_TOKEN = {
+    "none": (12, 2, 3),
+    "dots": (2, 1, 1),
+    "selective": (2, 1, 0),
+    "full": (1, 0, 0),
+    "offload": (0, 0, 0),
+}
+"""Activation elements each remat policy keeps per token and layer, as counts of
+``(h-wide values, (3h + mlp width)-wide values, attention scores a·s)``: ``none`` keeps every
+intermediate (LayerNorm inputs, outputs and statistics, the residuals, Q/K/V, the MLP's hidden
+layer before and after its activation, the scores, their mask and probabilities), ``dots`` the
+matmul outputs, ``selective`` those without a batch dimension (not the scores), ``full`` the
+layer input, ``offload`` nothing on the device. The counts are read off XLA's memory analysis
+of ``--mesh data=8`` for each policy (4-layer, 256-wide GPT, docs/planner.md)."""
+
+MEMORY_COEF = {
+    "state": 1.0,
+    "grads": 1.0,
+    "kept": 1.0,
+    "working": 1.0,
+    "pipe_kept": 1.58,
+    "stage_copies": 2.36,
+    "logits": 1.0,
+}
+"""The weight of each memory term (:func:`memory_terms`) in the predicted peak: the terms are
+structural estimates; their weights are fitted by least squares to the compiled memory analysis
+of the 4-layer, 256-wide GPT's plans on 8 CPU devices (docs/planner.md, "Memory")."""
+
+
+def _split_elements(plan: Plan, counts: tuple[int, int, int]) -> float:
+    """Elements per token per layer on one device for ``counts`` (:data:`PER_TOKEN`): the grid
+    modes cut every activation over the whole tensor group, 1D cuts the (3h + width)-wide ones
+    and the heads, no tensor mode cuts nothing; Ulysses cuts the heads over ``seq``."""
+    par, cfg = plan.config.parallel, plan.config
+    _, h, a, w, _ = _dims(plan)
+    nh, ni, ns = counts
+    t = par.tensor_size
+    scores = a * cfg.seq_len
+    inner = 3 * h + w
+    if plan.seq_mode == "ulysses":
+        scores *= 1  # a/seq heads of the whole sequence: the same per token as s/seq keys
+    if _act_split(plan) > 1:  # a grid: everything over the group
+        return (nh * h + ni * inner + ns * scores) / t
+    if t > 1:  # 1D: h-wide values whole on every device
+        return nh * h + (ni * inner + ns * scores) / t
+    return nh * h + ni * inner + ns * scores
+
+
+def memory_terms(plan: Plan) -> dict[str, float]:
+    """The terms of the predicted peak per device, in bytes (weights :data:`MEMORY_COEF`):
+
+    - ``state``: parameters and optimizer slots (split by tensor, pipeline and ZeRO; the step
+      donates them, so its outputs alias them; offloaded state still counts, the step copies it
+      in);
+    - ``grads``: the fp32 gradient (split by ZeRO from stage 2), the accumulator beside it with
+      accumulation below stage 2, a 16-bit parameter copy under bf16/fp16, ZeRO-3's gathered
+      layer;
+    - ``kept``: the activations the remat policy keeps (:data:`PER_TOKEN`) for every layer,
+      without a pipeline; ``pipe_kept`` the same for every layer of a stage and every
+      microbatch in flight, with one;
+    - ``working``: one layer's full intermediates while it is recomputed (``full``,
+      ``offload``) or run;
+    - ``stage_copies``: a pipeline's per-microbatch copy of its stage's parameters (the
+      executor's tick loop keeps each tick's operands), times the microbatches in flight;
+    - ``logits``: the logits, their softmax and gradient in fp32.
+    """
+    par = plan.config.parallel
+    L, h, _, w, vocab = _dims(plan)
+    n = plan.param_count
+    slots = optimizer(plan.config.optim.name).state_slots(plan.config.optim.b1)
+    split = _param_split(plan) * par.pipe
+
+    def over(stage: int) -> int:
+        return split * (par.data if plan.zero >= stage else 1)
+
+    state = 4 * n / over(3) + 4 * n * slots / over(1)
+    grads = 4 * n / over(2)
+    if plan.grad_accum > 1 and plan.zero < 2:
+        grads += 4 * n / over(2)
+    if plan.precision != "fp32":
+        grads += 2 * n / over(3)
+    if plan.zero == 3:
+        grads += 2 * 4 * (4 * h * h + 2 * h * w) / _param_split(plan)
+    ab = _act_bytes(plan)
+    tok = _tokens_per_microbatch(plan)
+    layers = L // par.pipe
+    inflight = _in_flight(plan)
+    kept = _split_elements(plan, PER_TOKEN[plan.remat]) * ab * tok * layers * inflight
+    working = _split_elements(plan, PER_TOKEN["none"]) * ab * tok
+    copies = 4 * n / split * inflight if par.pipelined else 0.0
+    logits = 3 * tok * vocab / plan.tensor_split.divisor("vocab size") * 4
+    return {
+        "state": state,
+        "grads": grads,
+        "kept": 0.0 if par.pipelined else kept,
+        "pipe_kept": kept if par.pipelined else 0.0,
+        "working": working,
+        "stage_copies": copies,
+        "logits": logits,
+    }
+
+
+def memory_bytes(plan: Plan) -> float:
+    """The predicted peak bytes per device: :func:`memory_terms` weighted by
+    :data:`MEMORY_COEF`."""
+    return sum(MEMORY_COEF[k] * v for k, v in memory_terms(plan).items())
+
+
+def _in_flight(plan: Plan) -> float:
+    """Microbatches whose activations a stage holds at once."""
+    p = plan.config.parallel.pipe
+    if p == 1:
+        return 1.0
+    m = plan.schedule_microbatches
+    if plan.pipeline == "gpipe":
+        return float(m)
+    if plan.virtual_stages > 1:
+        return min(m * plan.virtual_stages, p * (1 + (p - 1) / (p * plan.virtual_stages)))
+    return float(min(p, m))
+
+
+def predict(plan: Plan, hw: Hardware) -> Prediction:
+    """The predicted step time, memory and traffic of ``plan`` on ``hw``
+    (this module's docstring says how)."""
+    model_flops, dev_flops = flops(plan)
+    n = plan.n_devices
+    rate = hw.peak_flops * hw.efficiency
+    compute = dev_flops * (n if hw.shared else 1) / rate
+    bub = compute * bubble(plan)
+    traffic = axis_traffic(plan)
+    inner = _inner_sizes(plan)
+    sizes = dict(zip(MESH_ORDER, plan.mesh_shape, strict=True))
+    axis_s = {
+        x: hw.link_of(x, inner[x], sizes[x]).seconds(b, c) for x, (b, c) in traffic.items()
+    }
+    exposed = sum(s for x, s in axis_s.items() if x != "data")
+    if "data" in axis_s:
+        hidden = 0.0 if hw.shared else OVERLAP * compute
+        exposed += max(0.0, axis_s["data"] - hidden)
+    offload = _offload_seconds(plan, hw)
+    terms = memory_terms(plan)
+    state = MEMORY_COEF["state"] * terms["state"] + MEMORY_COEF["grads"] * terms["grads"]
+    act = sum(MEMORY_COEF[k] * v for k, v in terms.items() if k not in ("state", "grads"))
+    return Prediction(
+        step_s=compute + bub + exposed + offload,
+        compute_s=compute,
+        bubble_s=bub,
+        comm_s=exposed,
+        offload_s=offload,
+        memory_bytes=state + act,
+        axis_bytes={x: b for x, (b, _) in traffic.items()},
+        axis_s=axis_s,
+        flops=dev_flops,
+        model_flops=model_flops,
+        state_bytes=state,
+        activation_bytes=act,
+    )
+
+
+def _offload_seconds(plan: Plan, hw: Hardware) -> float:
+    """Host ↔ device copies of a step: the offloaded state both ways, remat ``offload``'s layer
+    inputs both ways."""
+    par = plan.config.parallel
+    n = plan.param_count
+    split = _param_split(plan) * par.pipe
+    nbytes = 0.0
+    slots = optimizer(plan.config.optim.name).state_slots(plan.config.optim.b1)
+    if plan.offload in ("optimizer", "params"):
+        nbytes += 2 * 4 * n * slots / (split * (par.data if plan.zero >= 1 else 1))
+    if plan.offload == "params":
+        nbytes += 2 * 4 * n / (split * par.data)
+    if plan.remat == "offload":
+        tok = _tokens_per_microbatch(plan)
+        L, h = plan.model.n_layer, plan.model.n_embd
+        nbytes += 2 * tok * h * _act_bytes(plan) * (L // par.pipe) * plan.schedule_microbatches
+    if nbytes == 0:
+        return 0.0
+    return hw.host.seconds(nbytes * (plan.n_devices if hw.shared else 1), 2)
+
+
+def flops_per_step(plan: Plan) -> float:
+    """The model's FLOPs of one step (all devices, no recompute)."""
+    return flops(plan)[0]
+
+
+def fits(pred: Prediction, budget: float) -> bool:
+    return math.isfinite(pred.memory_bytes) and pred.memory_bytes <= budget

@@ -1,0 +1,203 @@
+"""The planner's search: every layout of :mod:`~colossal_jax.auto.space`, its memory knobs chosen
+under the budget, ranked by predicted step time (:mod:`~colossal_jax.auto.cost`).
+
+For each layout, resolved once with the lightest knobs (ZeRO 0, no remat, no offload, no
+accumulation; a layout the rules refuse is dropped there), every knob combination is costed
+analytically (microseconds each), and they are tried fastest-first: the first that fits the
+memory budget and that :func:`~colossal_jax.checks.resolve.resolve` accepts is the layout's
+plan. Remat, offload, ZeRO and accumulation are thereby chosen jointly with the layout: a layout
+that needs remat to fit pays for it in its predicted time and competes with one that does not.
+The layouts' plans are ranked by predicted step time. A ``time_budget`` stops the search at the
+next layout with the best found so far (:attr:`SearchResult.stopped_early`; it searches on
+until one plan fits). Nothing here
+compiles or imports JAX.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from dataclasses import dataclass, field
+
+from colossal_jax.auto import cost, space
+from colossal_jax.auto.cost import Prediction
+from colossal_jax.auto.hardware import Hardware
+from colossal_jax.auto.space import Knobs
+from colossal_jax.checks.resolve import resolve
+from colossal_jax.config.errors import ConfigError
+from colossal_jax.config.plan import Devices, Plan
+from colossal_jax.config.schema import TrainConfig
+
+GB = 1e9
+
+
+@dataclass(frozen=True)
+class Ranked:
+    """One candidate: its plan, the knobs chosen for it and its prediction."""
+
+    plan: Plan
+    knobs: Knobs
+    prediction: Prediction
+
+    @property
+    def name(self) -> str:
+        """The layout and its knobs, e.g. ``data=4,tensor_row=2 tp=1d zero=1 remat=dots``."""
+        return f"{space.describe(self.plan.config.parallel)} {self.knobs.describe()}"
+
+
+@dataclass
+class SearchResult:
+    """What a search found.
+
+    Attributes:
+      ranked: the fitting plans, fastest first (one per layout).
+      layouts: layouts enumerated; rejected: refused by the rules (reason → count);
+      over_budget: layouts with no knob combination within the budget.
+      smallest: the candidate of least predicted memory of all (whether it fits or not).
+      stopped_early: the time budget ended the search before every layout was seen.
+      seconds: the search's wall time.
+    """
+
+    ranked: list[Ranked] = field(default_factory=list)
+    layouts: int = 0
+    rejected: dict[str, int] = field(default_factory=dict)
+    over_budget: int = 0
+    smallest: Ranked | None = None
+    stopped_early: bool = False
+    seconds: float = 0.0
+
+    @property
+    def best(self) -> Ranked:
+        return self.ranked[0]
+
+
+def _variant(plan: Plan, knobs: Knobs) -> Plan:
+    """``plan`` with ``knobs``, unvalidated (for costing; :func:`resolve` confirms the chosen)."""
+    return dataclasses.replace(plan, config=knobs.apply(plan.config), grad_accum=knobs.grad_accum)
+
+
+def _reason(e: ConfigError) -> str:
+    """A rejection's kind: the error's words up to the first figure-free clause."""
+    text = str(e)
+    return text.split(";")[0][:80]
+
+
+def best_knobs(
+    base: Plan, hw: Hardware, budget: float, devices: Devices
+) -> tuple[Ranked | None, Ranked]:
+    """``(the fastest knob combination of the layout of base that fits budget and resolves,
+    or None; the combination of least memory)``."""
+    par = base.config.parallel
+    costed = []
+    for k in space.knobs(par, base.config.batch_size, base.batch_shards * base.microbatches):
+        variant = _variant(base, k)
+        costed.append((cost.predict(variant, hw), k, variant))
+    costed.sort(key=lambda c: c[0].step_s)
+    smallest = min(costed, key=lambda c: c[0].memory_bytes)
+    lightest = Ranked(smallest[2], smallest[1], smallest[0])
+    for pred, k, _ in costed:
+        if pred.memory_bytes > budget:
+            continue
+        try:
+            plan = resolve(k.apply(base.config), devices)
+        except ConfigError:
+            continue
+        return Ranked(plan, k, pred), lightest
+    return None, lightest
+
+
+def search(
+    cfg: TrainConfig,
+    n: int,
+    hw: Hardware,
+    budget: float,
+    *,
+    time_budget: float | None = None,
+) -> SearchResult:
+    """Every layout of ``cfg``'s model, batch and sequence on ``n`` devices of kind ``hw``, its
+    knobs chosen under ``budget`` bytes per device, ranked fastest first (this module's
+    docstring). ``cfg.parallel`` and the memory knobs of ``cfg`` are ignored."""
+    start = time.perf_counter()
+    devices = Devices(count=n, platform="cpu" if hw.shared else "gpu")
+    light = Knobs(zero=0, remat="none", offload="none", grad_accum=1)
+    out = SearchResult()
+    for par in space.layouts(n, cfg.batch_size, hw.node):
+        over = time_budget is not None and time.perf_counter() - start > time_budget
+        if over and out.ranked:  # stop with the best so far, once there is one
+            out.stopped_early = True
+            break
+        out.layouts += 1
+        try:
+            base = resolve(light.apply(dataclasses.replace(cfg, parallel=par)), devices)
+        except ConfigError as e:
+            why = _reason(e)
+            out.rejected[why] = out.rejected.get(why, 0) + 1
+            continue
+        chosen, lightest = best_knobs(base, hw, budget, devices)
+        if out.smallest is None or (
+            lightest.prediction.memory_bytes < out.smallest.prediction.memory_bytes
+        ):
+            out.smallest = lightest
+        if chosen is None:
+            out.over_budget += 1
+        else:
+            out.ranked.append(chosen)
+    out.ranked.sort(key=lambda r: r.prediction.step_s)
+    out.seconds = time.perf_counter() - start
+    return out
+
+
+def impossible(cfg: TrainConfig, n: int, hw: Hardware, budget: float, result: SearchResult) -> str:
+    """The one line of a request no plan fits: the smallest memory per device that would fit,
+    and the plan that would."""
+    what = f"--model {cfg.model} (batch {cfg.batch_size} × seq {cfg.seq_len}) on {n} {hw.name}"
+    if result.smallest is None:
+        reasons = "; ".join(list(result.rejected)[:2]) or "no layout"
+        return f"no valid plan for {what}: the rules refuse every layout ({reasons})"
+    need = result.smallest.prediction.memory_bytes
+    return (
+        f"no plan for {what} fits {budget / GB:.2f} GB per device; the smallest needs "
+        f"{need / GB:.2f} GB per device ({result.smallest.name}): use --memory-gb "
+        f"{_round_up(need / GB)} or more devices"
+    )
+
+
+def _round_up(gb: float) -> str:
+    """``gb`` rounded up to two significant figures, as a flag value."""
+    if gb <= 0:
+        return "0.01"
+    digits = max(0, 1 - int(f"{gb:e}".split("e")[1]))
+    step = 10 ** (-digits)
+    value = (int(gb / step) + 1) * step
+    return f"{value:.{digits}f}"
+
+
+def why_lost(winner: Ranked, loser: Ranked) -> str:
+    """Why ``loser`` is slower than ``winner``: the part of the step that grew most."""
+    a, b = winner.prediction, loser.prediction
+    parts = {
+        "compute (recompute, redundant work)": (b.compute_s - a.compute_s),
+        "pipeline bubble": b.bubble_s - a.bubble_s,
+        "host offload copies": b.offload_s - a.offload_s,
+    }
+    for axis in set(a.axis_s) | set(b.axis_s):
+        parts[f"{axis} traffic"] = b.axis_s.get(axis, 0.0) - a.axis_s.get(axis, 0.0)
+    what, grew = max(parts.items(), key=lambda kv: kv[1])
+    gap = b.step_s - a.step_s
+    return f"+{gap * 1e3:.1f} ms per step, most from {what} (+{grew * 1e3:.1f} ms)"
+
+
+def plan_for(
+    cfg: TrainConfig,
+    n: int,
+    hw: Hardware,
+    budget: float,
+    *,
+    time_budget: float | None = None,
+) -> tuple[Plan, SearchResult]:
+    """The best plan for ``cfg`` on ``n`` devices of kind ``hw`` under ``budget`` bytes per
+    device; :class:`ConfigError` (:func:`impossible`'s line) when none fits."""
+    result = search(cfg, n, hw, budget, time_budget=time_budget)
+    if not result.ranked:
+        raise ConfigError(impossible(cfg, n, hw, budget, result))
+    return result.best.plan, result

@@ -1,0 +1,398 @@
+"""The measured sweep: every plan the planner ranks for a model on ``n`` devices compiled and
+(with ``steps``) run, beside its prediction — the planner checked against measurement.
+
+The plans are those of :func:`colossal_jax.auto.search.search`: every layout the rules accept,
+each with the memory knobs the planner chose for it under the budget (so the planner's choice,
+the first of them, is among the measured). For each, one compile of the train step
+(:func:`colossal_jax.auto.measure.measure_plan`, cached on disk) gives its compiled figures;
+with ``steps`` it then runs one warm-up step and ``steps`` timed ones (the median is its step
+time). What the sweep reports (:func:`summarize`):
+
+- the Spearman rank correlation of predicted and measured step time;
+
+On a shared machine the load changes while a sweep runs (here: load averages of 5 to 30 on 2
+cores), and a plan's step time scales with it. With ``paired`` (the default of
+``scripts/sweep_meshes.py``) the planner's choice is kept compiled as a *reference*, and one
+reference step runs just before and one just after each plan is measured; a plan's
+*relative* time is its median step over the mean of those two, and its *normalised* time that
+ratio times the reference's median over the sweep. Rankings, the correlation and the regret
+use the relative times (raw times are kept beside them).
+- the memory error of each plan, ``|predicted − compiled peak| / compiled peak`` (the compiled
+  peak: ``argument + output − alias + temp`` bytes of ``memory_analysis()``), and its largest;
+- the regret: the measured step time of the planner's choice over the best measured, minus 1.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+import statistics
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from colossal_jax.auto.cache import Cache, plan_key
+from colossal_jax.auto.hardware import Hardware
+from colossal_jax.auto.measure import Compiled, Stepper, measure_plan
+from colossal_jax.auto.search import Ranked, search
+from colossal_jax.config.errors import ConfigError
+from colossal_jax.config.schema import TrainConfig
+
+MIB = 2**20
+
+
+@dataclass
+class Row:
+    """One plan of the sweep: its name, prediction, measured figures (None until measured, or
+    when it failed: ``error``), and whether they came from the cache."""
+
+    name: str
+    ranked: Ranked
+    chosen: bool
+    compiled: Compiled | None = None
+    step_s: float | None = None
+    error: str | None = None
+    cached: bool = False
+    reference_s: float | None = None
+    normalized_s: float | None = None
+
+    @property
+    def seconds(self) -> float | None:
+        """The step time the sweep ranks by: normalised when paired, else measured."""
+        return self.normalized_s if self.normalized_s is not None else self.step_s
+
+    @property
+    def relative(self) -> float | None:
+        """The step time over the reference's around it (None unpaired or unmeasured)."""
+        if self.step_s is None or not self.reference_s:
+            return None
+        return self.step_s / self.reference_s
+
+    @property
+    def memory_error(self) -> float | None:
+        if self.compiled is None or self.compiled.peak_bytes <= 0:
+            return None
+        pred = self.ranked.prediction.memory_bytes
+        return abs(pred - self.compiled.peak_bytes) / self.compiled.peak_bytes
+
+    def to_json(self) -> dict[str, Any]:
+        p = self.ranked.prediction
+        return {
+            "name": self.name,
+            "chosen": self.chosen,
+            "parallel": dataclasses.asdict(self.ranked.plan.config.parallel),
+            "knobs": dataclasses.asdict(self.ranked.knobs),
+            "predicted": {
+                "step_s": p.step_s,
+                "compute_s": p.compute_s,
+                "bubble_s": p.bubble_s,
+                "comm_s": p.comm_s,
+                "offload_s": p.offload_s,
+                "memory_bytes": p.memory_bytes,
+                "axis_bytes": p.axis_bytes,
+                "flops": p.flops,
+            },
+            "compiled": None if self.compiled is None else self.compiled.to_json(),
+            "measured_step_s": self.step_s,
+            "reference_s": self.reference_s,
+            "relative": self.relative,
+            "normalized_s": self.normalized_s,
+            "memory_error": self.memory_error,
+            "error": self.error,
+            "cached": self.cached,
+        }
+
+
+def plans(
+    cfg: TrainConfig,
+    n: int,
+    hw: Hardware,
+    budget: float,
+    pattern: str | None = None,
+    sample: int | None = None,
+) -> list[Row]:
+    """The planner's ranked plans for ``cfg`` on ``n`` devices of ``hw`` (its choice first),
+    those whose name matches the regular expression ``pattern`` when given, and of those
+    ``sample`` spread evenly over the predicted ranking when given (the choice always stays).
+    Raises :class:`ConfigError` when no plan fits or ``pattern`` is not a valid expression or
+    matches nothing."""
+    result = search(cfg, n, hw, budget)
+    if not result.ranked:
+        raise ConfigError(
+            f"no plan for --model {cfg.model} fits {budget / MIB:.0f} MiB per device on {n} "
+            "devices; raise the budget or use more devices"
+        )
+    try:
+        keep = re.compile(pattern) if pattern else None
+    except re.error as e:
+        raise ConfigError(f"--filter {pattern!r} is not a regular expression ({e})") from None
+    rows = []
+    for i, r in enumerate(result.ranked):
+        name = r.name
+        if i == 0 or keep is None or keep.search(name):
+            rows.append(Row(name=name, ranked=r, chosen=i == 0))
+    if keep is not None and len(rows) == 1 and not keep.search(rows[0].name):
+        raise ConfigError(
+            f"--filter {pattern!r} matches none of the {len(result.ranked)} plans (names look "
+            f"like {result.ranked[-1].name!r})"
+        )
+    if sample is not None and len(rows) > sample:
+        if sample < 2:
+            raise ConfigError(f"--sample {sample} must be at least 2 (e.g. --sample 40)")
+        picks = sorted({round(i * (len(rows) - 1) / (sample - 1)) for i in range(sample)})
+        rows = [rows[i] for i in picks]
+    return rows
+
+
+def run_sweep(
+    rows: list[Row],
+    steps: int,
+    cache: Cache | None = None,
+    progress: Callable[[Row], None] | None = None,
+    paired: bool = False,
+) -> list[Row]:
+    """Measure every row in place: compiled figures and, with ``steps``, the median of
+    ``steps`` steps after a warm-up (with ``paired``, between two steps of the reference, the
+    first row's plan: the module docstring). Results come from and go to ``cache`` (default
+    ``Cache("measured")``). A plan that fails to compile or run keeps its error and the sweep
+    goes on. ``progress`` is called after each row."""
+    import jax
+
+    cache = cache if cache is not None else Cache("measured")
+    reference = _Reference(rows[0].ranked.plan, rows[0].name) if paired and steps > 0 else None
+    for row in rows:
+        try:
+            _measure(row, steps, cache, reference)
+        except Exception as e:  # one plan's failure is a result of the sweep, not its end
+            row.error = f"{type(e).__name__}: {str(e).splitlines()[0][:200]}"
+            print(f"warning: {row.name}: {row.error}", file=sys.stderr)
+        jax.clear_caches()
+        if progress is not None:
+            progress(row)
+    normalize(rows)
+    return rows
+
+
+class _Reference:
+    """The reference plan of a paired sweep, compiled (and warmed up) at its first use."""
+
+    def __init__(self, plan: Any, name: str):
+        self.plan, self.name = plan, name
+        self._stepper: Stepper | None = None
+
+    def step(self) -> float:
+        """The seconds of one reference step."""
+        if self._stepper is None:
+            self._stepper = Stepper(self.plan)
+            self._stepper.time(1)  # the warm-up
+        return self._stepper.time(1)
+
+
+def normalize(rows: list[Row]) -> None:
+    """Set each row's normalised time (its relative time × the reference's median over the
+    rows) when every timed row was paired; otherwise leave them None."""
+    timed = [r for r in rows if r.step_s is not None]
+    if not timed or any(r.reference_s is None for r in timed):
+        return
+    scale = statistics.median(r.reference_s for r in timed)
+    for r in timed:
+        r.normalized_s = r.step_s / r.reference_s * scale
+
+
+def _measure(row: Row, steps: int, cache: Cache, reference: _Reference | None) -> None:
+    """Fill ``row`` from ``cache``, or measure it (between two reference steps when given)."""
+    extra = (steps, reference.name) if reference is not None else (steps,)
+    key, parts = plan_key(row.ranked.plan, "paired" if reference else "measured", *extra)
+    hit = cache.get(key)
+    if hit is not None:
+        row.compiled = Compiled.from_json(hit["compiled"])
+        row.step_s, row.reference_s, row.cached = hit["step_s"], hit.get("reference_s"), True
+        return
+    before = reference.step() if reference is not None else None
+    row.compiled, row.step_s = measure_plan(row.ranked.plan, steps)
+    if reference is not None and before is not None:
+        row.reference_s = (before + reference.step()) / 2
+    value = {"compiled": row.compiled.to_json(), "step_s": row.step_s}
+    cache.put(key, {**value, "reference_s": row.reference_s}, about=parts)
+
+
+def spearman(xs: list[float], ys: list[float]) -> float:
+    """Spearman's rank correlation (ties get their average rank); nan for fewer than 2."""
+    if len(xs) < 2:
+        return float("nan")
+    rx, ry = _ranks(xs), _ranks(ys)
+    mx, my = sum(rx) / len(rx), sum(ry) / len(ry)
+    cov = sum((a - mx) * (b - my) for a, b in zip(rx, ry, strict=True))
+    vx = sum((a - mx) ** 2 for a in rx)
+    vy = sum((b - my) ** 2 for b in ry)
+    return cov / (vx * vy) ** 0.5 if vx > 0 and vy > 0 else float("nan")
+
+
+def _ranks(values: list[float]) -> list[float]:
+    order = sorted(range(len(values)), key=lambda i: values[i])
+    ranks = [0.0] * len(values)
+    i = 0
+    while i < len(order):
+        j = i
+        while j + 1 < len(order) and values[order[j + 1]] == values[order[i]]:
+            j += 1
+        for k in range(i, j + 1):
+            ranks[order[k]] = (i + j) / 2 + 1
+        i = j + 1
+    return ranks
+
+
+def summarize(rows: list[Row]) -> dict[str, Any]:
+    """The sweep's verdict: plans measured and failed, the Spearman correlation of predicted
+    and measured step time, the largest memory error (and its plan), the chosen and the best
+    measured plan and the regret (None where nothing was timed)."""
+    ok = [r for r in rows if r.compiled is not None]
+    timed = [r for r in ok if r.seconds is not None]
+    worst = max(ok, key=lambda r: r.memory_error or 0.0, default=None)
+    out: dict[str, Any] = {
+        "plans": len(rows),
+        "measured": len(ok),
+        "failed": [r.name for r in rows if r.error],
+        "max_memory_error": None if worst is None else worst.memory_error,
+        "max_memory_error_plan": None if worst is None else worst.name,
+        "within_10pct_memory": sum(1 for r in ok if (r.memory_error or 0) <= 0.10),
+        "spearman": None,
+        "chosen": next((r.name for r in rows if r.chosen), None),
+        "best": None,
+        "regret": None,
+        "paired": bool(timed) and all(r.normalized_s is not None for r in timed),
+    }
+    if len(timed) >= 2:
+        out["spearman"] = spearman(
+            [r.ranked.prediction.step_s for r in timed], [r.seconds for r in timed]
+        )
+        out["spearman_raw"] = spearman(
+            [r.ranked.prediction.step_s for r in timed], [r.step_s for r in timed]
+        )
+    if timed:
+        best = min(timed, key=lambda r: r.seconds)
+        out["best"], out["best_step_s"] = best.name, best.seconds
+        chosen = next((r for r in timed if r.chosen), None)
+        if chosen is not None:
+            out["chosen_step_s"] = chosen.seconds
+            out["regret"] = chosen.seconds / best.seconds - 1
+    return out
+
+
+def table(rows: list[Row]) -> str:
+    """A markdown table of the rows, fastest measured first (unmeasured last)."""
+    head = (
+        "| plan | predicted ms | measured ms | raw ms | predicted MiB | compiled MiB | mem err | "
+        "compile s | bytes per axis (compiled, KiB) |\n"
+        "|---|---:|---:|---:|---:|---:|---:|---:|---|"
+    )
+    lines = [head]
+    order = sorted(rows, key=lambda r: (r.seconds is None, r.seconds or 0.0))
+    for r in order:
+        p, c = r.ranked.prediction, r.compiled
+        mark = " **(chosen)**" if r.chosen else ""
+        if c is None:
+            lines.append(f"| {r.name}{mark} | {p.step_s * 1e3:.1f} | failed: {r.error} |||||||")
+            continue
+        measured = "" if r.seconds is None else f"{r.seconds * 1e3:.1f}"
+        raw = "" if r.step_s is None else f"{r.step_s * 1e3:.1f}"
+        axes = ", ".join(f"{k} {v / 1024:.0f}" for k, v in sorted(c.axis_bytes.items()))
+        lines.append(
+            f"| {r.name}{mark} | {p.step_s * 1e3:.1f} | {measured} | {raw} | "
+            f"{p.memory_bytes / MIB:.1f} | {c.peak_bytes / MIB:.1f} | "
+            f"{(r.memory_error or 0) * 100:.1f}% | {c.compile_s:.1f} | {axes} |"
+        )
+    return "\n".join(lines)
+
+
+def plot(rows: list[Row], path: str, title: str) -> None:
+    """Two panels to ``path`` (PNG): predicted against measured step time, and predicted
+    against compiled peak memory; the chosen plan and the best measured are marked."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    ok = [r for r in rows if r.compiled is not None]
+    timed = [r for r in ok if r.seconds is not None]
+    fig, (ax_t, ax_m) = plt.subplots(1, 2, figsize=(11, 4.8))
+    best = min(timed, key=lambda r: r.seconds or 0.0, default=None)
+    paired = bool(timed) and all(r.normalized_s is not None for r in timed)
+    _scatter(
+        ax_t,
+        [(r.ranked.prediction.step_s * 1e3, r.seconds * 1e3, r) for r in timed],
+        best,
+        "predicted step (ms)",
+        "measured step, normalised to the reference (ms)" if paired else "measured step (ms)",
+    )
+    _scatter(
+        ax_m,
+        [(r.ranked.prediction.memory_bytes / MIB, r.compiled.peak_bytes / MIB, r) for r in ok],
+        best,
+        "predicted memory per device (MiB)",
+        "compiled peak per device (MiB)",
+    )
+    fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def _scatter(
+    ax: Any, points: list[tuple[float, float, Row]], best: Row | None, xlabel: str, ylabel: str
+) -> None:
+    """One panel: a point per plan, the best measured circled, the chosen crossed, y = x."""
+    if not points:
+        ax.set_title("nothing measured")
+        return
+    xs, ys = [p[0] for p in points], [p[1] for p in points]
+    ax.scatter(xs, ys, s=14, alpha=0.6, label="plans")
+    mark = [p for p in points if p[2] is best]
+    if mark:
+        ax.scatter(
+            [mark[0][0]],
+            [mark[0][1]],
+            s=90,
+            facecolors="none",
+            edgecolors="g",
+            label="best measured",
+        )
+    chosen = [p for p in points if p[2].chosen]
+    if chosen:
+        ax.scatter([chosen[0][0]], [chosen[0][1]], s=80, marker="x", c="r", label="chosen")
+    lo, hi = min(xs + ys), max(xs + ys)
+    ax.plot([lo, hi], [lo, hi], "k--", lw=0.8, label="y = x")
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.legend(fontsize=8)
+
+
+def rows_from_json(doc: dict[str, Any], cfg: TrainConfig, hw: Hardware) -> list[Row]:
+    """The rows of a sweep's JSON (``scripts/sweep_meshes.py --json``) with their measured
+    figures, each plan resolved again from its layout and knobs and predicted by the current
+    cost model (the planner's choice stays the one made when the sweep ran)."""
+    from colossal_jax.auto import cost
+    from colossal_jax.auto.space import Knobs
+    from colossal_jax.checks.resolve import resolve
+    from colossal_jax.config.schema import ParallelConfig
+
+    rows = []
+    for record in doc["rows"]:
+        knobs = Knobs(**record["knobs"])
+        par = ParallelConfig(**record["parallel"])
+        plan = resolve(knobs.apply(dataclasses.replace(cfg, parallel=par)), cfg.devices or 1)
+        row = Row(
+            name=record["name"],
+            ranked=Ranked(plan, knobs, cost.predict(plan, hw)),
+            chosen=record["chosen"],
+            step_s=record["measured_step_s"],
+            error=record["error"],
+            cached=True,
+            reference_s=record.get("reference_s"),
+        )
+        if record["compiled"] is not None:
+            row.compiled = Compiled.from_json(record["compiled"])
+        rows.append(row)
+    normalize(rows)
+    return rows

@@ -1,0 +1,170 @@
+#!/usr/bin/env python
+"""Plan a run: the mesh, modes, pipeline, ZeRO, remat, offload and accumulation that the
+planner predicts fastest within the memory per device (docs/planner.md).
+
+Examples:
+  python scripts/plan.py --model gpt2-tiny --set model.n_layer=4 --set model.n_embd=256 \\
+      --devices 8 --batch-size 16 --seq-len 256 --out /tmp/plan.toml
+  python scripts/train.py --mesh /tmp/plan.toml --set model.n_layer=4 --set model.n_embd=256 \\
+      --batch-size 16 --seq-len 256
+  python scripts/plan.py --model gpt3-175b --devices 512 --device h100 --batch-size 1536 \\
+      --seq-len 2048
+
+Prints a ranked table (plan, predicted step time, memory per device, MFU, bytes per mesh axis,
+why each plan lost to the best); ``--out`` writes the best as a ``meshes/`` TOML preset.
+``--verify K`` compiles the best K plans on K simulated CPU devices (``--device cpu`` only;
+cached on disk) and replaces their predicted memory by the compiled peak. A request no plan
+fits exits 2 with one line naming the memory per device that would fit and the plan.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+import sys
+from pathlib import Path
+
+from colossal_jax.auto import hardware
+from colossal_jax.auto.choose import budget_of, preset_text, summary
+from colossal_jax.auto.hardware import DEVICES
+from colossal_jax.auto.search import GB, Ranked, SearchResult, plan_for, why_lost
+from colossal_jax.config import ConfigError, TrainConfig, coerce, field_types
+from colossal_jax.config.families import MODELS, family_of
+
+
+def parse(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--model", default="gpt2-tiny", help="model name (as scripts/train.py)")
+    p.add_argument("--set", action="append", default=[], metavar="model.FIELD=VALUE",
+                   help="override a model field, e.g. --set model.n_layer=4")
+    p.add_argument("--devices", type=int, default=8, help="devices to plan for (default 8)")
+    p.add_argument("--device", default="cpu", choices=DEVICES,
+                   help="device kind: its peak FLOP/s, memory and links (cpu: calibrated)")
+    p.add_argument("--memory-gb", type=float, default=None,
+                   help="memory per device in GB (default: the device's; cpu: host RAM / devices)")
+    p.add_argument("--batch-size", type=int, default=None, help="global batch in sequences")
+    p.add_argument("--seq-len", type=int, default=None, help="tokens per sequence")
+    p.add_argument("--precision", default=None, choices=("fp32", "bf16", "fp16"),
+                   help="compute precision (default: bf16 on a GPU, fp32 on the CPU)")
+    p.add_argument("--top", type=int, default=10, help="rows of the table (default 10)")
+    p.add_argument("--time-budget", type=float, default=None,
+                   help="stop searching after S seconds with the best plan found so far")
+    p.add_argument("--verify", type=int, default=0, metavar="K",
+                   help="compile the best K plans (cpu only) and use their compiled memory")
+    p.add_argument("--out", default=None, metavar="PRESET.toml",
+                   help="write the best plan as a mesh preset for scripts/train.py --mesh")
+    return p.parse_args(argv)
+
+
+def config_of(args: argparse.Namespace) -> TrainConfig:
+    """The run to plan: the model's training defaults, the batch, sequence and precision."""
+    if args.model not in MODELS:
+        raise ConfigError(f"--model {args.model!r} is unknown; choose one of {', '.join(MODELS)}")
+    overrides = {}
+    types = field_types(family_of(args.model).config_class)
+    for item in args.set:
+        key, _, value = item.partition("=")
+        name = key.removeprefix("model.")
+        if not key.startswith("model.") or name not in types or not value:
+            raise ConfigError(f"--set {item!r}: give model.FIELD=VALUE, FIELD one of "
+                              f"{', '.join(types)}")
+        overrides[name] = coerce(value, types[name])
+    fields: dict = {"model_overrides": overrides}
+    if args.batch_size is not None:
+        fields["batch_size"] = args.batch_size
+    if args.seq_len is not None:
+        fields["seq_len"] = args.seq_len
+    fields["precision"] = args.precision or ("fp32" if args.device == "cpu" else "bf16")
+    return TrainConfig.for_model(args.model, **fields)
+
+
+def _size(nbytes: float) -> str:
+    for unit, scale in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if nbytes >= scale:
+            return f"{nbytes / scale:.1f}{unit}"
+    return f"{nbytes:.0f}B"
+
+
+def table(result: SearchResult, hw: hardware.Hardware, n: int, top: int) -> list[str]:
+    """The ranked table's lines."""
+    best = result.best
+    rows = [f"{'#':>3} {'plan':64} {'step':>10} {'mem/dev':>8} {'MFU':>5}  bytes/axis/step"]
+    for i, r in enumerate(result.ranked[:top], 1):
+        p = r.prediction
+        axes = " ".join(f"{a}={_size(b)}" for a, b in p.axis_bytes.items()) or "-"
+        rows.append(
+            f"{i:>3} {r.name:64} {p.step_s * 1e3:>8.1f}ms {p.memory_bytes / GB:>6.2f}GB "
+            f"{p.mfu(hw, n):>5.2f}  {axes}"
+        )
+        if i > 1:
+            rows.append(f"{'':>4}lost: {why_lost(best, r)}")
+    return rows
+
+
+def verify(result: SearchResult, k: int, n: int, budget: float) -> list[str]:
+    """Compile the best ``k`` plans (simulated CPU devices), drop those whose compiled peak is
+    over ``budget``, and report predicted against compiled memory."""
+    from colossal_jax.auto.measure import compile_cached
+
+    lines, kept = [], []
+    for r in result.ranked[:k]:
+        compiled, _ = compile_cached(r.plan)
+        pred = r.prediction.memory_bytes
+        err = (pred - compiled.peak_bytes) / compiled.peak_bytes
+        lines.append(
+            f"compiled {r.name}: {compiled.peak_bytes / GB:.3f} GB per device (predicted "
+            f"{pred / GB:.3f}, {err:+.0%}), compile {compiled.compile_s:.1f}s"
+        )
+        if compiled.peak_bytes <= budget:
+            kept.append(dataclasses.replace(
+                r, prediction=dataclasses.replace(r.prediction, memory_bytes=compiled.peak_bytes)
+            ))
+    result.ranked[:k] = kept
+    if not result.ranked:
+        raise ConfigError(f"every plan compiled over the budget {budget / GB:.2f} GB per device")
+    return lines
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse(argv)
+    try:
+        cfg = config_of(args)
+        hw = hardware.hardware(args.device, args.memory_gb)
+        n = args.devices
+        if n < 1:
+            raise ConfigError(f"--devices {n} must be at least 1 (e.g. --devices 8)")
+        if args.verify and args.device != "cpu":
+            raise ConfigError("--verify compiles on simulated CPU devices; use --device cpu")
+        budget = hw.memory_bytes if args.memory_gb is not None else budget_of(hw, n)
+        _, result = plan_for(cfg, n, hw, budget, time_budget=args.time_budget)
+        checks = []
+        if args.verify:
+            from colossal_jax.runtime.devices import simulate_cpu_devices
+
+            simulate_cpu_devices(n)
+            checks = verify(result, args.verify, n, budget)
+    except ConfigError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    print(f"{cfg.model}: batch {cfg.batch_size} × seq {cfg.seq_len}, {cfg.precision}, on {n} "
+          f"{hw.name} ({budget / GB:.2f} GB per device)")
+    print("\n".join(table(result, hw, n, args.top) + checks + summary(result, hw)))
+    if args.out:
+        header = (
+            f"planned by scripts/plan.py for --model {cfg.model} --batch-size {cfg.batch_size} "
+            f"--seq-len {cfg.seq_len} on {n} {hw.name}\n"
+            f"predicted {result.best.prediction.step_s * 1e3:.1f} ms per step, "
+            f"{result.best.prediction.memory_bytes / GB:.2f} GB per device"
+        )
+        Path(args.out).write_text(preset_text(result.best, header))
+        print(f"wrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("JAX_PLATFORMS", "cpu")
+    sys.exit(main())
+
+
+__all__ = ["Ranked", "main"]

@@ -1,0 +1,174 @@
+#!/usr/bin/env python
+"""Every plan the planner ranks for a model on N simulated CPU devices, compiled and (with
+--steps) run, beside its prediction: a table, JSON and a PNG of predicted against measured step
+time and memory, with the Spearman correlation, the largest memory error and the regret of the
+planner's choice (colossal_jax/auto/sweep.py says what each is).
+
+Results are cached on disk (colossal_jax/auto/cache.py), so an interrupted sweep resumes where it
+stopped and a finished one reprints at once.
+
+Examples:
+  python scripts/sweep_meshes.py --devices 8 --set n_layer=4 --set n_embd=256 \\
+      --batch-size 16 --seq-len 256 --steps 5 --json sweep.json --png docs/img/sweep_gpt.png
+  python scripts/sweep_meshes.py --devices 8 --filter 'zero=0 remat=none$' --steps 3
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    p.add_argument("--devices", type=int, default=8, help="simulated CPU devices (default 8)")
+    p.add_argument("--model", default="gpt2-tiny", help="a model size (default gpt2-tiny)")
+    p.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="FIELD=VALUE",
+        help="a model field, e.g. --set n_layer=4 (repeatable)",
+    )
+    p.add_argument("--batch-size", type=int, default=16)
+    p.add_argument("--seq-len", type=int, default=256)
+    p.add_argument("--steps", type=int, default=0, help="timed steps per plan (0: compile only)")
+    p.add_argument("--filter", help="a regular expression on plan names (the choice always runs)")
+    p.add_argument(
+        "--sample",
+        type=int,
+        help="measure N of the (filtered) plans, spread evenly over the predicted ranking",
+    )
+    p.add_argument(
+        "--unpaired",
+        action="store_true",
+        help="time plans alone (default: between two steps of the planner's choice, to "
+        "normalise away a changing load)",
+    )
+    p.add_argument("--memory-gb", type=float, help="budget per device (default: host RAM / N)")
+    p.add_argument("--json", type=Path, help="write every row and the summary here")
+    p.add_argument("--png", type=Path, help="write the predicted-vs-measured plot here")
+    p.add_argument(
+        "--from-json",
+        type=Path,
+        help="measure nothing: the rows of an earlier --json, predicted again by the current "
+        "cost model",
+    )
+    p.add_argument("--cache-dir", type=Path, help="the planner's cache (default: its usual one)")
+    return p.parse_args(argv)
+
+
+def _value(text: str):
+    for cast in (int, float):
+        try:
+            return cast(text)
+        except ValueError:
+            pass
+    return {"true": True, "false": False}.get(text.lower(), text)
+
+
+def overrides(pairs: list[str]) -> dict:
+    out = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key:
+            raise ValueError(f"--set {pair!r} is not FIELD=VALUE (e.g. --set n_layer=4)")
+        out[key.removeprefix("model.")] = _value(value)
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    if args.devices < 1 or args.steps < 0:
+        print(
+            f"error: --devices {args.devices} must be ≥ 1 and --steps {args.steps} ≥ 0 "
+            "(e.g. --devices 8 --steps 5)",
+            file=sys.stderr,
+        )
+        return 2
+    from colossal_jax.runtime.devices import simulate_cpu_devices
+
+    simulate_cpu_devices(args.devices, force_cpu=True)
+    from colossal_jax.auto import sweep
+    from colossal_jax.auto.choose import budget_of
+    from colossal_jax.auto.hardware import hardware
+    from colossal_jax.config import ConfigError, TrainConfig
+
+    t0 = time.perf_counter()
+    try:
+        cfg = TrainConfig(
+            model=args.model,
+            model_overrides=overrides(args.set),
+            batch_size=args.batch_size,
+            seq_len=args.seq_len,
+            devices=args.devices,
+        )
+        hw = hardware("cpu", args.memory_gb)
+        if args.from_json:
+            rows = sweep.rows_from_json(json.loads(args.from_json.read_text()), cfg, hw)
+        else:
+            rows = sweep.plans(
+                cfg, args.devices, hw, budget_of(hw, args.devices), args.filter, args.sample
+            )
+    except (ConfigError, ValueError, OSError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    print(f"{len(rows)} plans; the planner chose {rows[0].name}", flush=True)
+    if not args.from_json:
+        measure(rows, args)
+    summary = sweep.summarize(rows)
+    summary["seconds"] = time.perf_counter() - t0
+    print(sweep.table(rows))
+    print(json.dumps(summary, indent=1))
+    write(rows, summary, args, argv)
+    return 0
+
+
+def measure(rows: list, args: argparse.Namespace) -> None:
+    """Every row measured, with a progress bar."""
+    from tqdm import tqdm
+
+    from colossal_jax.auto import sweep
+    from colossal_jax.auto.cache import Cache
+
+    with tqdm(total=len(rows), desc="plans", unit="plan", file=sys.stderr) as bar:
+
+        def tick(row: sweep.Row) -> None:
+            bar.set_postfix_str(row.name[:48])
+            bar.update()
+
+        cache = Cache("measured", args.cache_dir) if args.cache_dir else Cache("measured")
+        sweep.run_sweep(rows, args.steps, cache, tick, paired=not args.unpaired)
+
+
+def write(rows: list, summary: dict, args: argparse.Namespace, argv: list[str] | None) -> None:
+    """The JSON and the PNG asked for."""
+    from colossal_jax.auto import sweep
+
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        doc = {
+            "command": " ".join(["python", "scripts/sweep_meshes.py", *(argv or sys.argv[1:])]),
+            "summary": summary,
+            "rows": [r.to_json() for r in rows],
+        }
+        args.json.write_text(json.dumps(doc, indent=1) + "\n")
+        print(f"wrote {args.json}")
+    if args.png:
+        args.png.parent.mkdir(parents=True, exist_ok=True)
+        sp, regret = summary["spearman"], summary["regret"]
+        title = f"{args.model} {' '.join(args.set)} batch {args.batch_size}×{args.seq_len}, "
+        title += f"{args.devices} CPU devices: {summary['measured']} plans"
+        if sp is not None:
+            title += f", Spearman {sp:.2f}"
+        if regret is not None:
+            title += f", regret {regret * 100:.0f}%"
+        sweep.plot(rows, str(args.png), title)
+        print(f"wrote {args.png}")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,170 @@
+"""The planner (colossal_jax/auto, scripts/plan.py, scripts/train.py --mesh auto): its space is
+what the rules accept, its search respects the budget and the time budget, an impossible
+request is one line and exit 2, the preset it writes trains, and --mesh auto trains.
+docs/planner.md."""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib.util
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from colossal_jax.auto import cost, hardware, space
+from colossal_jax.auto.choose import preset_text
+from colossal_jax.auto.search import impossible, search
+from colossal_jax.checks.resolve import resolve
+from colossal_jax.cli import main
+from colossal_jax.config import ConfigError, ParallelConfig, TrainConfig, parse_mesh
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _plan_script():
+    spec = importlib.util.spec_from_file_location("plan_script", ROOT / "scripts" / "plan.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _cfg(**fields) -> TrainConfig:
+    return TrainConfig.for_model("gpt2-tiny", batch_size=8, seq_len=64, **fields)
+
+
+def test_factorizations_cover_every_ordered_split():
+    got = sorted(space.factorizations(8, 4))
+    assert len(got) == len(set(got)) == 20  # C(3 + 3, 3) ordered splits of 2^3 into 4 parts
+    assert all(a * b * c * d == 8 for a, b, c, d in got)
+
+
+def test_tensor_grids_of_eight_include_every_mode():
+    modes = {mode for mode, _ in space.tensor_grids(8)}
+    assert modes == {"1d", "2.5d", "3d"}  # 2d needs a square
+    assert {mode for mode, _ in space.tensor_grids(4)} >= {"1d", "2d"}
+
+
+def test_every_searched_plan_resolves_and_fits():
+    hw = hardware.hardware("h100")
+    result = search(_cfg(precision="bf16"), 4, hw, hw.memory_bytes)
+    assert result.ranked and result.layouts >= len(result.ranked)
+    for r in result.ranked:
+        assert resolve(r.plan.config, r.plan.devices) == r.plan  # the rules accept it as is
+        assert r.prediction.memory_bytes <= hw.memory_bytes
+    times = [r.prediction.step_s for r in result.ranked]
+    assert times == sorted(times)
+
+
+def test_a_tight_budget_buys_memory_with_time():
+    hw = hardware.hardware("h100")
+    cfg = TrainConfig.for_model("gpt3-xl", batch_size=64, seq_len=2048, precision="bf16")
+    roomy = search(cfg, 8, hw, 80e9).best
+    tight = search(cfg, 8, hw, roomy.prediction.memory_bytes / 3).best
+    assert tight.prediction.memory_bytes <= roomy.prediction.memory_bytes / 3
+    assert tight.prediction.step_s >= roomy.prediction.step_s
+
+
+def test_time_budget_stops_with_the_best_so_far():
+    hw = hardware.hardware("h100")
+    result = search(_cfg(precision="bf16"), 8, hw, 80e9, time_budget=0.0)
+    assert result.stopped_early and len(result.ranked) == 1
+
+
+def test_pipeline_bubble_per_schedule():
+    base = _cfg()
+    par = ParallelConfig(data=2, pipe=2, pipeline="1f1b", microbatches=4)
+    plan = resolve(dataclasses.replace(base, parallel=par), 4)
+    assert cost.bubble(plan) == pytest.approx(1 / 4)
+    inter = dataclasses.replace(par, pipeline="interleaved", virtual_stages=2)
+    cfg = dataclasses.replace(base, parallel=inter, model_overrides={"n_layer": 4})
+    assert cost.bubble(resolve(cfg, 4)) == pytest.approx(1 / 8)
+
+
+def test_impossible_request_is_one_line_and_exit_2_quickly():
+    t0 = time.perf_counter()
+    out = subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / "plan.py"), "--model", "gpt3-175b", "--devices",
+         "8", "--device", "h100", "--batch-size", "1536", "--seq-len", "2048"],
+        capture_output=True, text=True, timeout=60,
+        env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)},
+    )
+    elapsed = time.perf_counter() - t0
+    assert out.returncode == 2, out.stderr
+    lines = out.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: no plan for --model gpt3-175b")
+    assert "smallest needs" in lines[0] and "--memory-gb" in lines[0]
+    assert elapsed < 20
+
+
+def test_impossible_names_the_plan_that_would_fit():
+    hw = hardware.hardware("h100")
+    cfg = _cfg(precision="bf16")
+    result = search(cfg, 4, hw, 1e3)
+    assert not result.ranked
+    line = impossible(cfg, 4, hw, 1e3, result)
+    need = float(line.split("--memory-gb ")[1].split()[0]) * 1e9
+    again = search(cfg, 4, hw, need)
+    assert again.ranked  # the memory the line names is enough
+
+
+def test_written_preset_trains_unchanged(tmp_path, capsys):
+    out = tmp_path / "plan.toml"
+    plan_py = _plan_script()
+    argv = ["--devices", "8", "--batch-size", "16", "--seq-len", "64", "--out", str(out)]
+    assert plan_py.main(argv) == 0
+    text = out.read_text()
+    assert "[mesh]" in text and "[train]" in text
+    sizes = parse_mesh(str(out), 8)
+    assert sizes["data"] * sizes.get("pipe", 1) * sizes.get("seq", 1) >= 1
+    code = main(["--mesh", str(out), "--steps", "2", "--seq-len", "64", "--batch-size", "16",
+                 "--eval-every", "0", "--no-progress"])
+    assert code == 0
+    printed = capsys.readouterr()
+    assert "done: steps 0->2" in printed.out + printed.err
+
+
+def test_preset_text_carries_the_pipeline_and_knobs(tmp_path):
+    hw = hardware.hardware("h100")
+    cfg = dataclasses.replace(_cfg(precision="bf16"), model_overrides={"n_layer": 4})
+    result = search(cfg, 8, hw, 80e9)
+    piped = next(r for r in result.ranked if r.plan.config.parallel.pipe > 1)
+    path = tmp_path / "p.toml"
+    path.write_text(preset_text(piped, "test"))
+    sizes = parse_mesh(str(path), 8)
+    par = piped.plan.config.parallel
+    assert sizes["pipeline"] == par.pipeline and sizes["microbatches"] == par.num_microbatches
+
+
+def test_mesh_auto_trains_the_default_model(capsys):
+    code = main(["--mesh", "auto", "--steps", "2", "--eval-every", "0", "--no-progress"])
+    assert code == 0
+    err = capsys.readouterr().err
+    assert "planned: " in err and "runner-up: " in err
+
+
+def test_mesh_auto_refuses_a_mode_flag(capsys):
+    assert main(["--mesh", "auto", "--zero", "1", "--steps", "1"]) == 2
+    assert "--mesh auto chooses" in capsys.readouterr().err
+
+
+def test_verify_compiles_once_then_reads_the_cache(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("COLOSSAL_JAX_CACHE", str(tmp_path / "cache"))
+    plan_py = _plan_script()
+    argv = ["--devices", "8", "--batch-size", "8", "--seq-len", "32", "--verify", "1"]
+    assert plan_py.main(argv) == 0
+    first = capsys.readouterr().out
+    t0 = time.perf_counter()
+    assert plan_py.main(argv) == 0
+    assert time.perf_counter() - t0 < 10
+    second = capsys.readouterr().out
+    line = next(x for x in first.splitlines() if x.startswith("compiled "))
+    assert line.split(", compile")[0] in second
+
+
+def test_unknown_device_is_a_config_error():
+    with pytest.raises(ConfigError, match="--device 'tpu' is unknown"):
+        hardware.hardware("tpu")
