@@ -264,7 +264,7 @@ def _load_preset(path: Path, n_devices: int | None) -> dict[str, Any]:
 
 PRESET_MODES = ("tensor_mode", "seq_mode", "zero", "pipeline", "microbatches", "virtual_stages")
 """The :class:`ParallelConfig` fields a preset's ``[modes]`` table may set."""
-PRESET_TRAIN = ("remat", "offload", "grad_accum", "precision")
+PRESET_TRAIN = tuple(PRESET_KEYS["train"])
 """The :class:`TrainConfig` fields a preset's ``[train]`` table may set (the planner's
 presets, ``scripts/plan.py --out``, carry the memory knobs they were planned with)."""
 
@@ -275,17 +275,7 @@ def preset_train(spec: str | None) -> dict[str, Any]:
     path = _preset_path(spec) if spec is not None and spec.strip() else None
     if path is None:
         return {}
-    try:
-        train = tomllib.loads(path.read_text()).get("train", {})
-    except tomllib.TOMLDecodeError as e:
-        raise ConfigError(f"--mesh {path}: not valid TOML ({e})") from None
-    unknown = sorted(set(train) - set(PRESET_TRAIN))
-    if unknown:
-        raise ConfigError(
-            f"--mesh {path}: [train] {unknown[0]} is not a preset field; use "
-            f"{', '.join(PRESET_TRAIN)}"
-        )
-    return dict(train)
+    return dict(read_preset(path).get("train", {}))
 
 
 def describe_preset(name: str) -> str:
