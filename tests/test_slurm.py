@@ -34,6 +34,9 @@ def test_a_slurm_task_uses_the_gpus_slurm_bound_to_it():
     # GPUs not scheduled by SLURM: JAX's own choice (SLURM_LOCALID, or JAX_LOCAL_DEVICE_IDS)
     assert slurm_local_device_ids(job) is None
     assert slurm_local_device_ids({**job, "CUDA_VISIBLE_DEVICES": ""}) is None
+    # the user's JAX_LOCAL_DEVICE_IDS wins
+    bound = {**job, "CUDA_VISIBLE_DEVICES": "0,1", "JAX_LOCAL_DEVICE_IDS": "1"}
+    assert slurm_local_device_ids(bound) is None
     # outside SLURM nothing changes
     assert slurm_local_device_ids({"CUDA_VISIBLE_DEVICES": "3"}) is None
 

@@ -14,6 +14,7 @@ import math
 import os
 import re
 import sys
+from collections.abc import Mapping
 
 from colossal_jax.checks.resolve import bind, resolve
 from colossal_jax.cli.configure import config_from_args
@@ -140,14 +141,14 @@ def plan_with_jax(args, plan: Plan | None) -> Plan:
     return resolve(run_config(args, n), devices)
 
 
-def slurm_local_device_ids(env) -> list[int] | None:
+def slurm_local_device_ids(env: Mapping[str, str]) -> list[int] | None:
     """The GPUs a SLURM task uses where SLURM chose them: all of ``CUDA_VISIBLE_DEVICES`` (or
     ``ROCR_VISIBLE_DEVICES``), which ``--gpus-per-task``/``--gres`` set and in which the task's
-    GPUs count from 0; None elsewhere (outside SLURM, or GPUs not scheduled), which leaves JAX's
-    own choice: the GPU numbered ``SLURM_LOCALID`` (one task per GPU), or
-    ``JAX_LOCAL_DEVICE_IDS``. JAX's choice alone would give a task bound to GPU 3 the absent
-    ordinal 3, and a task per node of 8 bound GPUs only GPU 0."""
-    if "SLURM_JOB_ID" not in env:
+    GPUs count from 0; None elsewhere (outside SLURM, GPUs not scheduled, or the user's
+    ``JAX_LOCAL_DEVICE_IDS``), which leaves JAX's own choice: ``JAX_LOCAL_DEVICE_IDS``, else
+    the GPU numbered ``SLURM_LOCALID`` (one task per GPU). JAX's choice alone would give a task
+    bound to GPU 3 the absent ordinal 3, and a task per node of 8 bound GPUs only GPU 0."""
+    if "SLURM_JOB_ID" not in env or env.get("JAX_LOCAL_DEVICE_IDS"):
         return None
     visible = env.get("CUDA_VISIBLE_DEVICES") or env.get("ROCR_VISIBLE_DEVICES") or ""
     ids = [x for x in visible.split(",") if x.strip()]
