@@ -271,3 +271,14 @@ def test_impossible_zero_bubble_pipelines_exit_2_before_compiling(
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("error:"), err
     assert needle in err[0], err[0]
+
+
+@pytest.mark.slow
+def test_3d_on_sixteen_devices_under_both_zero_bubble_schedules(tmp_path):
+    from tests.test_pipeline import _cli_losses
+
+    base = _cli_losses(tmp_path, "base", "--devices", "8", "--mesh", "data=8")
+    mesh = ("--devices", "16", "--mesh", "pipe=2,tensor=8", "--tensor-mode", "3d")
+    for name, flags in (("zb-h1", ()), ("zb-v", ("--virtual-stages", "2"))):
+        got = _cli_losses(tmp_path, name, *mesh, "--pipeline", name, *flags)
+        np.testing.assert_allclose(got, base, rtol=1e-4, err_msg=name)
