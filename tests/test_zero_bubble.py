@@ -95,6 +95,7 @@ def test_cost_weighted_timing():
 
 # ---- numerics ---------------------------------------------------------------------------------
 def _cfg(steps: int = 10, batch_size: int = 32, model=None, **parallel) -> TrainConfig:
+    run = {k: parallel.pop(k) for k in ("grad_accum", "remat") if k in parallel}
     return TrainConfig(
         model="gpt2-tiny",
         model_overrides=dict(model or MODEL),
@@ -104,6 +105,7 @@ def _cfg(steps: int = 10, batch_size: int = 32, model=None, **parallel) -> Train
         devices=8,
         optim=OptimConfig(lr=3e-3, warmup_steps=3),
         parallel=ParallelConfig(**parallel),
+        **run,
     )
 
 
@@ -203,13 +205,19 @@ def test_zero_bubble_gives_the_data_parallel_loss_curve(name, data_parallel_loss
 FAMILIES = {
     "bert": dict(
         model="bert-tiny",
-        model_overrides={"n_embd": 64, "block_size": 32, "type_vocab_size": 2},
+        model_overrides={"n_layer": 4, "n_embd": 64, "block_size": 32, "type_vocab_size": 2},
         batch_size=16,
         seq_len=32,
     ),
     "llama": dict(
         model="llama-tiny",
-        model_overrides={"n_layer": 4, "n_embd": 64, "n_head": 4, "block_size": 32},
+        model_overrides={
+            "n_layer": 4,
+            "n_embd": 64,
+            "n_head": 4,
+            "n_kv_head": 2,
+            "block_size": 32,
+        },
         batch_size=16,
         seq_len=32,
     ),
@@ -263,3 +271,14 @@ def test_impossible_zero_bubble_pipelines_exit_2_before_compiling(
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("error:"), err
     assert needle in err[0], err[0]
+
+
+@pytest.mark.slow
+def test_3d_on_sixteen_devices_under_both_zero_bubble_schedules(tmp_path):
+    from tests.test_pipeline import _cli_losses
+
+    base = _cli_losses(tmp_path, "base", "--devices", "8", "--mesh", "data=8")
+    mesh = ("--devices", "16", "--mesh", "pipe=2,tensor=8", "--tensor-mode", "3d")
+    for name, flags in (("zb-h1", ()), ("zb-v", ("--virtual-stages", "2"))):
+        got = _cli_losses(tmp_path, name, *mesh, "--pipeline", name, *flags)
+        np.testing.assert_allclose(got, base, rtol=1e-4, err_msg=name)

@@ -138,10 +138,8 @@ def check_pipeline(par: ParallelConfig) -> None:
                 f"--virtual-stages {schedule.chunks} (got {v})"
             )
     elif v != 1:
-        raise ConfigError(
-            f"--virtual-stages {v} needs --pipeline {'|'.join(_schedules(lambda s: s.virtual))} "
-            f"(got --pipeline {name})"
-        )
+        chunked = "|".join(_schedules(lambda s: s.virtual or s.chunks))
+        raise ConfigError(f"--virtual-stages {v} needs --pipeline {chunked} (got {name})")
 
 
 def _schedules(where) -> tuple[str, ...]:
