@@ -207,6 +207,12 @@ def test_alpha_beta_fit_recovers_a_line():
     assert fit["beta_bytes_per_s"] == pytest.approx(2e9, rel=1e-3)
 
 
+def test_spread_orders_every_index_with_its_prefixes_spread():
+    assert sweep.spread(9) == [0, 8, 4, 2, 6, 1, 3, 5, 7]
+    assert sweep.spread(0) == [] and sweep.spread(1) == [0]
+    assert all(sorted(sweep.spread(n)) == list(range(n)) for n in range(40))
+
+
 def test_spearman_ranks_with_ties():
     assert spearman([1, 2, 3, 4], [10, 20, 30, 40]) == pytest.approx(1.0)
     assert spearman([1, 2, 3, 4], [4, 3, 2, 1]) == pytest.approx(-1.0)
