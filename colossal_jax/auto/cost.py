@@ -229,7 +229,8 @@ PER_TOKEN = {
     "offload": (0, 0, 0),
 }
 """Activation elements each remat policy keeps per token and layer, as counts of
-``(h-wide values, (3h + mlp width)-wide values, attention scores a·s)``: ``none`` keeps every
+``(h-wide values, inner-width values (Q, K, V and the MLP's hidden values,
+:func:`_inner_width`; 3h + w for a GPT), attention scores a·s)``: ``none`` keeps every
 intermediate (LayerNorm inputs, outputs and statistics, the residuals, Q/K/V, the MLP's hidden
 layer before and after its activation, the scores, their mask and probabilities), ``dots`` the
 matmul outputs, ``selective`` those without a batch dimension (not the scores), ``full`` the
@@ -259,7 +260,7 @@ def _split_elements(plan: Plan, counts: tuple[int, int, int]) -> float:
     nh, ni, ns = counts
     t = par.tensor_size
     scores = a * cfg.seq_len
-    inner = 3 * h + w
+    inner = _inner_width(plan)
     if plan.seq_mode == "ulysses":
         scores *= 1  # a/seq heads of the whole sequence: the same per token as s/seq keys
     if _act_split(plan) > 1:  # a grid: everything over the group
@@ -267,6 +268,21 @@ def _split_elements(plan: Plan, counts: tuple[int, int, int]) -> float:
     if t > 1:  # 1D: h-wide values whole on every device
         return nh * h + (ni * inner + ns * scores) / t
     return nh * h + ni * inner + ns * scores
+
+
+def _inner_width(plan: Plan) -> float:
+    """The width of a layer's values that every tensor mode splits: Q, K, V (``h + 2·kv``, K
+    and V narrower under grouped-query attention) and the MLP's hidden values, one ``w`` per
+    input matrix beyond the first (GPT: one; a gated MLP, SwiGLU: two), read off the model's
+    matmul parameters where it states them, else ``3h + w``."""
+    m = plan.model
+    _, h, a, w, vocab = _dims(plan)
+    if not hasattr(m, "matmul_params"):
+        return 3 * h + w
+    kv = getattr(m, "n_kv_head", a) * h / a
+    per_layer = (m.matmul_params() - h * vocab) / m.n_layer
+    mlp_inputs = max(1, round((per_layer - 2 * h * h - 2 * h * kv) / (h * w)) - 1)
+    return h + 2 * kv + mlp_inputs * w
 
 
 def memory_terms(plan: Plan) -> dict[str, float]:
