@@ -292,8 +292,8 @@ def memory_terms(plan: Plan) -> dict[str, float]:
       donates them, so its outputs alias them; offloaded state still counts, the step copies it
       in);
     - ``grads``: the fp32 gradient (split by ZeRO from stage 2), the accumulator beside it with
-      accumulation below stage 2, a 16-bit parameter copy under bf16/fp16, ZeRO-3's gathered
-      layer;
+      accumulation below stage 2, under bf16/fp16 a 16-bit parameter copy and the 16-bit
+      gradient before its cast to fp32, ZeRO-3's gathered layer;
     - ``kept``: the activations the remat policy keeps (:data:`PER_TOKEN`) for every layer,
       without a pipeline; ``pipe_kept`` the same for every layer of a stage and every
       microbatch in flight, with one;
@@ -316,8 +316,9 @@ def memory_terms(plan: Plan) -> dict[str, float]:
     grads = 4 * n / over(2)
     if plan.grad_accum > 1 and plan.zero < 2:
         grads += 4 * n / over(2)
-    if plan.precision != "fp32":
-        grads += 2 * n / over(3)
+    if plan.precision != "fp32":  # the 16-bit parameter copy, the 16-bit gradient before its cast
+        # (ZeRO-3 reduce-scatters each layer's gradient inside the backward pass: one layer's)
+        grads += 2 * n / over(3) + (2 * n / split if plan.zero < 3 else 2 * n / split / L)
     if plan.zero == 3:
         grads += 2 * 4 * (4 * h * h + 2 * h * w) / _param_split(plan)
     ab = _act_bytes(plan)
