@@ -340,8 +340,10 @@ def table(rows: list[Row]) -> str:
 
 
 def plot(rows: list[Row], path: str, title: str) -> None:
-    """Two panels to ``path`` (PNG): predicted against measured step time, and predicted
-    against compiled peak memory; the chosen plan and the best measured are marked."""
+    """Two panels to ``path`` (PNG): predicted against measured step time (log-log, with the
+    line ``y = c·x`` of the median ratio ``c``: only the ranks are compared), and predicted
+    against compiled peak memory (with ``y = x``); the chosen plan and the best measured are
+    marked."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -358,6 +360,7 @@ def plot(rows: list[Row], path: str, title: str) -> None:
         best,
         "predicted step (ms)",
         "measured step, normalised to the reference (ms)" if paired else "measured step (ms)",
+        scaled=True,
     )
     _scatter(
         ax_m,
@@ -373,9 +376,15 @@ def plot(rows: list[Row], path: str, title: str) -> None:
 
 
 def _scatter(
-    ax: Any, points: list[tuple[float, float, Row]], best: Row | None, xlabel: str, ylabel: str
+    ax: Any,
+    points: list[tuple[float, float, Row]],
+    best: Row | None,
+    xlabel: str,
+    ylabel: str,
+    scaled: bool = False,
 ) -> None:
-    """One panel: a point per plan, the best measured circled, the chosen crossed, y = x."""
+    """One panel: a point per plan, the best measured circled, the chosen crossed, and
+    ``y = x`` (``scaled``: ``y = c·x`` with ``c`` the median ratio, on log-log axes)."""
     if not points:
         ax.set_title("nothing measured")
         return
@@ -394,8 +403,15 @@ def _scatter(
     chosen = [p for p in points if p[2].chosen]
     if chosen:
         ax.scatter([chosen[0][0]], [chosen[0][1]], s=80, marker="x", c="r", label="chosen")
-    lo, hi = min(xs + ys), max(xs + ys)
-    ax.plot([lo, hi], [lo, hi], "k--", lw=0.8, label="y = x")
+    if scaled:
+        c = statistics.median(y / x for x, y in zip(xs, ys, strict=True) if x > 0)
+        lo, hi = min(xs), max(xs)
+        ax.plot([lo, hi], [c * lo, c * hi], "k--", lw=0.8, label=f"y = {c:.3g}·x")
+        ax.set_xscale("log")
+        ax.set_yscale("log")
+    else:
+        lo, hi = min(xs + ys), max(xs + ys)
+        ax.plot([lo, hi], [lo, hi], "k--", lw=0.8, label="y = x")
     ax.set_xlabel(xlabel)
     ax.set_ylabel(ylabel)
     ax.legend(fontsize=8)
