@@ -48,6 +48,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="time plans alone (default: between two steps of the planner's choice, to "
         "normalise away a changing load)",
     )
+    p.add_argument(
+        "--time-budget",
+        type=float,
+        help="seconds of measuring; then report the plans measured (spread over the ranking)",
+    )
     p.add_argument("--memory-gb", type=float, help="budget per device (default: host RAM / N)")
     p.add_argument("--json", type=Path, help="write every row and the summary here")
     p.add_argument("--png", type=Path, help="write the predicted-vs-measured plot here")
@@ -117,9 +122,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 2
     print(f"{len(rows)} plans; the planner chose {rows[0].name}", flush=True)
-    if not args.from_json:
-        measure(rows, args)
+    complete = True if args.from_json else measure(rows, args)
     summary = sweep.summarize(rows)
+    summary["complete"] = complete
     summary["seconds"] = time.perf_counter() - t0
     print(sweep.table(rows))
     print(json.dumps(summary, indent=1))
@@ -127,8 +132,8 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def measure(rows: list, args: argparse.Namespace) -> None:
-    """Every row measured, with a progress bar."""
+def measure(rows: list, args: argparse.Namespace) -> bool:
+    """The rows measured with a progress bar (to ``--time-budget``); whether all were."""
     from tqdm import tqdm
 
     from colossal_jax.auto import sweep
@@ -141,7 +146,9 @@ def measure(rows: list, args: argparse.Namespace) -> None:
             bar.update()
 
         cache = Cache("measured", args.cache_dir) if args.cache_dir else Cache("measured")
-        sweep.run_sweep(rows, args.steps, cache, tick, paired=not args.unpaired)
+        return sweep.run_sweep(
+            rows, args.steps, cache, tick, paired=not args.unpaired, time_budget=args.time_budget
+        )
 
 
 def write(rows: list, summary: dict, args: argparse.Namespace, argv: list[str] | None) -> None:

@@ -229,7 +229,8 @@ PER_TOKEN = {
     "offload": (0, 0, 0),
 }
 """Activation elements each remat policy keeps per token and layer, as counts of
-``(h-wide values, (3h + mlp width)-wide values, attention scores a·s)``: ``none`` keeps every
+``(h-wide values, inner-width values (Q, K, V and the MLP's hidden values,
+:func:`_inner_width`; 3h + w for a GPT), attention scores a·s)``: ``none`` keeps every
 intermediate (LayerNorm inputs, outputs and statistics, the residuals, Q/K/V, the MLP's hidden
 layer before and after its activation, the scores, their mask and probabilities), ``dots`` the
 matmul outputs, ``selective`` those without a batch dimension (not the scores), ``full`` the
@@ -259,7 +260,7 @@ def _split_elements(plan: Plan, counts: tuple[int, int, int]) -> float:
     nh, ni, ns = counts
     t = par.tensor_size
     scores = a * cfg.seq_len
-    inner = 3 * h + w
+    inner = _inner_width(plan)
     if plan.seq_mode == "ulysses":
         scores *= 1  # a/seq heads of the whole sequence: the same per token as s/seq keys
     if _act_split(plan) > 1:  # a grid: everything over the group
@@ -269,6 +270,21 @@ def _split_elements(plan: Plan, counts: tuple[int, int, int]) -> float:
     return nh * h + ni * inner + ns * scores
 
 
+def _inner_width(plan: Plan) -> float:
+    """The width of a layer's values that every tensor mode splits: Q, K, V (``h + 2·kv``, K
+    and V narrower under grouped-query attention) and the MLP's hidden values, one ``w`` per
+    input matrix beyond the first (GPT: one; a gated MLP, SwiGLU: two), read off the model's
+    matmul parameters where it states them, else ``3h + w``."""
+    m = plan.model
+    _, h, a, w, vocab = _dims(plan)
+    if not hasattr(m, "matmul_params"):
+        return 3 * h + w
+    kv = getattr(m, "n_kv_head", a) * h / a
+    per_layer = (m.matmul_params() - h * vocab) / m.n_layer
+    mlp_inputs = max(1, round((per_layer - 2 * h * h - 2 * h * kv) / (h * w)) - 1)
+    return h + 2 * kv + mlp_inputs * w
+
+
 def memory_terms(plan: Plan) -> dict[str, float]:
     """The terms of the predicted peak per device, in bytes (weights :data:`MEMORY_COEF`):
 
@@ -276,8 +292,8 @@ def memory_terms(plan: Plan) -> dict[str, float]:
       donates them, so its outputs alias them; offloaded state still counts, the step copies it
       in);
     - ``grads``: the fp32 gradient (split by ZeRO from stage 2), the accumulator beside it with
-      accumulation below stage 2, a 16-bit parameter copy under bf16/fp16, ZeRO-3's gathered
-      layer;
+      accumulation below stage 2, under bf16/fp16 a 16-bit parameter copy and the 16-bit
+      gradient before its cast to fp32, ZeRO-3's gathered layer;
     - ``kept``: the activations the remat policy keeps (:data:`PER_TOKEN`) for every layer,
       without a pipeline; ``pipe_kept`` the same for every layer of a stage and every
       microbatch in flight, with one;
@@ -300,8 +316,9 @@ def memory_terms(plan: Plan) -> dict[str, float]:
     grads = 4 * n / over(2)
     if plan.grad_accum > 1 and plan.zero < 2:
         grads += 4 * n / over(2)
-    if plan.precision != "fp32":
-        grads += 2 * n / over(3)
+    if plan.precision != "fp32":  # the 16-bit parameter copy, the 16-bit gradient before its cast
+        # (ZeRO-3 reduce-scatters each layer's gradient inside the backward pass: one layer's)
+        grads += 2 * n / over(3) + (2 * n / split if plan.zero < 3 else 2 * n / split / L)
     if plan.zero == 3:
         grads += 2 * 4 * (4 * h * h + 2 * h * w) / _param_split(plan)
     ab = _act_bytes(plan)

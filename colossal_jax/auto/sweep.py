@@ -28,6 +28,7 @@ import dataclasses
 import re
 import statistics
 import sys
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -151,27 +152,58 @@ def run_sweep(
     cache: Cache | None = None,
     progress: Callable[[Row], None] | None = None,
     paired: bool = False,
-) -> list[Row]:
-    """Measure every row in place: compiled figures and, with ``steps``, the median of
-    ``steps`` steps after a warm-up (with ``paired``, between two steps of the reference, the
-    first row's plan: the module docstring). Results come from and go to ``cache`` (default
+    time_budget: float | None = None,
+) -> bool:
+    """Measure the rows in place: compiled figures and, with ``steps``, the median of ``steps``
+    steps after a warm-up (with ``paired``, between two steps of the reference, the first
+    row's plan: the module docstring). Results come from and go to ``cache`` (default
     ``Cache("measured")``). A plan that fails to compile or run keeps its error and the sweep
-    goes on. ``progress`` is called after each row."""
+    goes on. ``progress`` is called after each row.
+
+    The rows are measured in :func:`spread` order, so a sweep cut short — ``time_budget``
+    seconds passed, or an interrupt (Ctrl-C) — has measured plans spread over the whole
+    ranking; the others stay unmeasured. Returns whether every row was measured."""
     import jax
 
     cache = cache if cache is not None else Cache("measured")
     reference = _Reference(rows[0].ranked.plan, rows[0].name) if paired and steps > 0 else None
-    for row in rows:
-        try:
-            _measure(row, steps, cache, reference)
-        except Exception as e:  # one plan's failure is a result of the sweep, not its end
-            row.error = f"{type(e).__name__}: {str(e).splitlines()[0][:200]}"
-            print(f"warning: {row.name}: {row.error}", file=sys.stderr)
-        jax.clear_caches()
-        if progress is not None:
-            progress(row)
+    start, done = time.perf_counter(), 0
+    try:
+        for row in (rows[i] for i in spread(len(rows))):
+            if time_budget is not None and time.perf_counter() - start > time_budget:
+                break
+            _measure_or_fail(row, steps, cache, reference)
+            jax.clear_caches()
+            done += 1
+            if progress is not None:
+                progress(row)
+    except KeyboardInterrupt:
+        print(f"interrupted: {done} of {len(rows)} plans measured", file=sys.stderr)
     normalize(rows)
-    return rows
+    return done == len(rows)
+
+
+def spread(n: int) -> list[int]:
+    """``0 … n−1`` in an order whose every prefix is spread over the range: 0 and n−1 first,
+    then the midpoints of ever finer halvings (for 9: 0, 8, 4, 2, 6, 1, 3, 5, 7)."""
+    if n <= 0:
+        return []
+    order = list(dict.fromkeys((0, n - 1)))
+    parts = 2
+    while len(order) < n:
+        order += [i for i in (round(k * (n - 1) / parts) for k in range(parts)) if i not in order]
+        order = list(dict.fromkeys(order))
+        parts *= 2
+    return order
+
+
+def _measure_or_fail(row: Row, steps: int, cache: Cache, reference: _Reference | None) -> None:
+    """:func:`_measure`, or the row's error when its plan fails to compile or run."""
+    try:
+        _measure(row, steps, cache, reference)
+    except Exception as e:  # one plan's failure is a result of the sweep, not its end
+        row.error = f"{type(e).__name__}: {str(e).splitlines()[0][:200]}"
+        print(f"warning: {row.name}: {row.error}", file=sys.stderr)
 
 
 class _Reference:
@@ -293,7 +325,8 @@ def table(rows: list[Row]) -> str:
         p, c = r.ranked.prediction, r.compiled
         mark = " **(chosen)**" if r.chosen else ""
         if c is None:
-            lines.append(f"| {r.name}{mark} | {p.step_s * 1e3:.1f} | failed: {r.error} |||||||")
+            what = f"failed: {r.error}" if r.error else "not measured (time budget)"
+            lines.append(f"| {r.name}{mark} | {p.step_s * 1e3:.1f} | {what} |||||||")
             continue
         measured = "" if r.seconds is None else f"{r.seconds * 1e3:.1f}"
         raw = "" if r.step_s is None else f"{r.step_s * 1e3:.1f}"
@@ -307,8 +340,10 @@ def table(rows: list[Row]) -> str:
 
 
 def plot(rows: list[Row], path: str, title: str) -> None:
-    """Two panels to ``path`` (PNG): predicted against measured step time, and predicted
-    against compiled peak memory; the chosen plan and the best measured are marked."""
+    """Two panels to ``path`` (PNG): predicted against measured step time (log-log, with the
+    line ``y = c·x`` of the median ratio ``c``: only the ranks are compared), and predicted
+    against compiled peak memory (with ``y = x``); the chosen plan and the best measured are
+    marked."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -325,6 +360,7 @@ def plot(rows: list[Row], path: str, title: str) -> None:
         best,
         "predicted step (ms)",
         "measured step, normalised to the reference (ms)" if paired else "measured step (ms)",
+        scaled=True,
     )
     _scatter(
         ax_m,
@@ -340,9 +376,15 @@ def plot(rows: list[Row], path: str, title: str) -> None:
 
 
 def _scatter(
-    ax: Any, points: list[tuple[float, float, Row]], best: Row | None, xlabel: str, ylabel: str
+    ax: Any,
+    points: list[tuple[float, float, Row]],
+    best: Row | None,
+    xlabel: str,
+    ylabel: str,
+    scaled: bool = False,
 ) -> None:
-    """One panel: a point per plan, the best measured circled, the chosen crossed, y = x."""
+    """One panel: a point per plan, the best measured circled, the chosen crossed, and
+    ``y = x`` (``scaled``: ``y = c·x`` with ``c`` the median ratio, on log-log axes)."""
     if not points:
         ax.set_title("nothing measured")
         return
@@ -361,8 +403,15 @@ def _scatter(
     chosen = [p for p in points if p[2].chosen]
     if chosen:
         ax.scatter([chosen[0][0]], [chosen[0][1]], s=80, marker="x", c="r", label="chosen")
-    lo, hi = min(xs + ys), max(xs + ys)
-    ax.plot([lo, hi], [lo, hi], "k--", lw=0.8, label="y = x")
+    if scaled:
+        c = statistics.median(y / x for x, y in zip(xs, ys, strict=True) if x > 0)
+        lo, hi = min(xs), max(xs)
+        ax.plot([lo, hi], [c * lo, c * hi], "k--", lw=0.8, label=f"y = {c:.3g}·x")
+        ax.set_xscale("log")
+        ax.set_yscale("log")
+    else:
+        lo, hi = min(xs + ys), max(xs + ys)
+        ax.plot([lo, hi], [lo, hi], "k--", lw=0.8, label="y = x")
     ax.set_xlabel(xlabel)
     ax.set_ylabel(ylabel)
     ax.legend(fontsize=8)

@@ -56,10 +56,15 @@ def parallel_config(
         tensor_depth=tensor_depth,
     )
     modes = {k: sizes.pop(k) for k in PRESET_MODES if k in sizes}
-    defaults = {f.name: f.default for f in dataclasses.fields(ParallelConfig)}
-    # a flag given wins over the preset; one left at its field's default does not
+    # a flag given wins over the preset; a flag whose parser default is the field's own (not
+    # None) and that still holds it was not given, so the preset's value stays
+    plain = {f.field: f.default for f in flags_of(ParallelConfig) if f.flag.default_from is None}
     modes.update(
-        {k: v for k, v in given.items() if v is not None and not (k in modes and v == defaults[k])}
+        {
+            k: v
+            for k, v in given.items()
+            if v is not None and not (k in modes and k in plain and v == plain[k])
+        }
     )
     if "seq_mode" not in modes and sizes.get("seq", 1) > 1:
         modes["seq_mode"] = "ring"

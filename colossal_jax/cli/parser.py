@@ -148,7 +148,9 @@ def add_mesh_flags(group: Any, cpu_devices: int) -> None:
         default=None,
         example="data=8",
         help="axis sizes like data=2,tensor_row=2 (tensor=N is factored by --tensor-mode), "
-        f"a preset name ({', '.join(list_presets())}) or a TOML path; default: data=all devices",
+        f"a preset name ({', '.join(list_presets())}) or a TOML path; scripts/train.py: auto "
+        "(the planner chooses mesh, modes and memory knobs; docs/planner.md); default: data=all "
+        "devices",
     )
     _add(
         group,
