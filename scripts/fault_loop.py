@@ -12,6 +12,8 @@ Runs the small model with a checkpoint every 2 steps. Each round picks (seeded) 
   threads, :func:`crashlib.full_disk_from`);
 - ``sigkill``: re-run and SIGKILL it right after a step that starts an asynchronous save;
 
+(a training already at its last step first loses its last checkpoint, as if it had never been
+saved, so that the full disk or the kill meets a save)
 then re-runs the same command (after a damage) and checks its standard error: no
 ``Traceback``, and besides ``note:`` lines at most one line, a ``warning:`` (a damaged
 checkpoint moved aside) or an ``error:`` (the full disk, exit status 2). A damage orbax does not
@@ -146,12 +148,9 @@ def fault_loop(rounds: int, steps: int, seed: int, workdir: Path) -> tuple[list[
     counts = dict.fromkeys(FAULTS, 0)
     for i in range(rounds):
         on_disk = _steps(ckpt)
-        if not on_disk:
-            kind = rng.choice(("full-disk", "sigkill"))  # nothing to damage yet
-        elif on_disk[-1] >= steps:
-            kind = rng.choice(FAULTS[:4])  # nothing left to save: damage first
-        else:
-            kind = rng.choice(FAULTS)
+        kind = rng.choice(FAULTS if on_disk else ("full-disk", "sigkill"))  # nothing to damage
+        if kind in ("full-disk", "sigkill") and on_disk and on_disk[-1] >= steps:
+            shutil.rmtree(ckpt / str(on_disk[-1]))  # the training is done: rewind one save
         counts[kind] += 1
         line, found = one_round(i, kind, ckpt, metrics, workdir, steps, rng)
         problems += found
