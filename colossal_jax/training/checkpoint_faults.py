@@ -99,7 +99,8 @@ def quiet_orbax() -> None:
     ``asyncio`` loggers, and the hook that drops tensorstore's callbacks into orbax's closed
     event loop (after a failed read or write tensorstore completes the operations orbax
     abandoned, and each callback prints a ``RuntimeError('Event loop is closed')`` traceback
-    through ``sys.unraisablehook``); anything else goes to the hook that was there."""
+    through ``sys.unraisablehook``, as do orbax's coroutines that were abandoned with an error of
+    their own); anything else goes to the hook that was there."""
     for name in ("absl", "asyncio"):
         logger = logging.getLogger(name)
         if not any(isinstance(f, _OrbaxErrors) for f in logger.filters):
@@ -112,7 +113,22 @@ def quiet_orbax() -> None:
         e = unraisable.exc_value
         if isinstance(e, RuntimeError) and str(e) == "Event loop is closed":
             return
+        if _from_orbax(unraisable.object, unraisable.exc_traceback):
+            return  # another read or write of a failed restore or save, already reported
         previous(unraisable)
 
     hook._colossal_quiet = True  # type: ignore[attr-defined]
     sys.unraisablehook = hook
+
+
+def _from_orbax(obj: Any, tb: Any) -> bool:
+    """Whether an unraisable exception came from orbax: its object is one of orbax's
+    coroutines, or its traceback passes through orbax's code."""
+    code = getattr(obj, "cr_code", None)
+    if code is not None and "/orbax/" in code.co_filename:
+        return True
+    while tb is not None:
+        if "/orbax/" in tb.tb_frame.f_code.co_filename:
+            return True
+        tb = tb.tb_next
+    return False
