@@ -120,19 +120,19 @@ def one_round(i: int, kind: str, ckpt: Path, metrics: Path, workdir: Path, steps
     text = err_path.read_text()
     said = _lines(text)
     if "Traceback" in text:
-        problems.append(f"round {i} ({kind}): a traceback in stderr")
+        problems.append(f"round {i + 1} ({kind}): a traceback in stderr")
     if len(said) > 1:
-        problems.append(f"round {i} ({kind}): {len(said)} lines, not one: {said[:3]}")
+        problems.append(f"round {i + 1} ({kind}): {len(said)} lines, not one: {said[:3]}")
     elif said and not said[0].startswith(("warning: ", "error: ")):
-        problems.append(f"round {i} ({kind}): not a warning or error: {said[0][:200]}")
+        problems.append(f"round {i + 1} ({kind}): not a warning or error: {said[0][:200]}")
     if kind == "full-disk":
         committed = [s for s in _steps(ckpt) if s in before]
         if committed != before:
-            problems.append(f"round {i}: the full disk removed committed steps {before}")
+            problems.append(f"round {i + 1}: the full disk removed committed steps {before}")
         if rc not in (0, 2) or (rc == 2 and not said):
-            problems.append(f"round {i}: the full disk ended with rc {rc}")
+            problems.append(f"round {i + 1}: the full disk ended with rc {rc}")
     elif kind != "sigkill" and rc != 0:
-        problems.append(f"round {i} ({kind}): the re-run exited {rc}")
+        problems.append(f"round {i + 1} ({kind}): the re-run exited {rc}")
     ended = f"rc {rc}" if rc is not None else what
     line = f"round {i + 1} {kind}: {what if rc is not None else 'SIGKILL during a save'}; {ended}"
     return line + f"; said: {said[0][:160] if said else '(nothing)'}", problems

@@ -83,15 +83,24 @@ def _mib(n: int) -> str:
 
 
 class _OrbaxErrors(logging.Filter):
-    """Drops orbax's warning and error records, and asyncio's about orbax's tasks (``Task
-    exception was never retrieved``): a failed write (a traceback per writer thread and task)
-    is raised again in the main thread, and a damaged step (``Metadata file does not exist``)
-    is found by the restore; each ends in one line of ours."""
+    """Drops orbax's warning and error records, and asyncio's about orbax's tasks and
+    tensorstore's futures (``Task/Future exception was never retrieved``): a failed write (a
+    traceback per writer thread and task) is raised again in the main thread, and a damaged
+    step (``Metadata file does not exist``) is found by the restore; each ends in one line of
+    ours."""
 
     def filter(self, record: logging.LogRecord) -> bool:
         if record.levelno < logging.WARNING:
             return True
-        return "/orbax/" not in record.pathname and "/orbax/" not in record.getMessage()
+        text = record.getMessage()
+        tb = record.exc_info[2] if record.exc_info else None
+        return not (
+            "/orbax/" in record.pathname
+            or "/orbax/" in text
+            or "OCDBT" in text  # a tensorstore future's error: orbax is its only user here
+            or "TensorStore" in text
+            or _from_orbax(None, tb)
+        )
 
 
 def quiet_orbax() -> None:
