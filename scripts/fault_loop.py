@@ -12,6 +12,8 @@ Runs the small model with a checkpoint every 2 steps. Each round picks (seeded) 
   threads, :func:`crashlib.full_disk_from`);
 - ``sigkill``: re-run and SIGKILL it right after a step that starts an asynchronous save;
 
+(a training already at its last step first loses its last checkpoint, as if it had never been
+saved, so that the full disk or the kill meets a save)
 then re-runs the same command (after a damage) and checks its standard error: no
 ``Traceback``, and besides ``note:`` lines at most one line, a ``warning:`` (a damaged
 checkpoint moved aside) or an ``error:`` (the full disk, exit status 2). A damage orbax does not
@@ -118,19 +120,19 @@ def one_round(i: int, kind: str, ckpt: Path, metrics: Path, workdir: Path, steps
     text = err_path.read_text()
     said = _lines(text)
     if "Traceback" in text:
-        problems.append(f"round {i} ({kind}): a traceback in stderr")
+        problems.append(f"round {i + 1} ({kind}): a traceback in stderr")
     if len(said) > 1:
-        problems.append(f"round {i} ({kind}): {len(said)} lines, not one: {said[:3]}")
+        problems.append(f"round {i + 1} ({kind}): {len(said)} lines, not one: {said[:3]}")
     elif said and not said[0].startswith(("warning: ", "error: ")):
-        problems.append(f"round {i} ({kind}): not a warning or error: {said[0][:200]}")
+        problems.append(f"round {i + 1} ({kind}): not a warning or error: {said[0][:200]}")
     if kind == "full-disk":
         committed = [s for s in _steps(ckpt) if s in before]
         if committed != before:
-            problems.append(f"round {i}: the full disk removed committed steps {before}")
+            problems.append(f"round {i + 1}: the full disk removed committed steps {before}")
         if rc not in (0, 2) or (rc == 2 and not said):
-            problems.append(f"round {i}: the full disk ended with rc {rc}")
+            problems.append(f"round {i + 1}: the full disk ended with rc {rc}")
     elif kind != "sigkill" and rc != 0:
-        problems.append(f"round {i} ({kind}): the re-run exited {rc}")
+        problems.append(f"round {i + 1} ({kind}): the re-run exited {rc}")
     ended = f"rc {rc}" if rc is not None else what
     line = f"round {i + 1} {kind}: {what if rc is not None else 'SIGKILL during a save'}; {ended}"
     return line + f"; said: {said[0][:160] if said else '(nothing)'}", problems
@@ -146,12 +148,9 @@ def fault_loop(rounds: int, steps: int, seed: int, workdir: Path) -> tuple[list[
     counts = dict.fromkeys(FAULTS, 0)
     for i in range(rounds):
         on_disk = _steps(ckpt)
-        if not on_disk:
-            kind = rng.choice(("full-disk", "sigkill"))  # nothing to damage yet
-        elif on_disk[-1] >= steps:
-            kind = rng.choice(FAULTS[:4])  # nothing left to save: damage first
-        else:
-            kind = rng.choice(FAULTS)
+        kind = rng.choice(FAULTS if on_disk else ("full-disk", "sigkill"))  # nothing to damage
+        if kind in ("full-disk", "sigkill") and on_disk and on_disk[-1] >= steps:
+            shutil.rmtree(ckpt / str(on_disk[-1]))  # the training is done: rewind one save
         counts[kind] += 1
         line, found = one_round(i, kind, ckpt, metrics, workdir, steps, rng)
         problems += found

@@ -65,6 +65,7 @@ DAMAGES = {
     ),
     "no meta folder": lambda d: shutil.rmtree(d / "4" / "meta"),
     "no state folder": lambda d: shutil.rmtree(d / "4" / "state"),
+    "no array folder": lambda d: shutil.rmtree(d / "4" / "state" / "ocdbt.process_0"),
     "metadata of another step": lambda d: (d / "4" / "meta" / "metadata").write_text(
         json.dumps({"step": 2})
     ),

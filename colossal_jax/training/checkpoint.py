@@ -95,10 +95,11 @@ class Checkpointer:
         self, abstract_state: Any, warn: Callable[[str], None]
     ) -> tuple[Any, dict, int] | None:
         """``(state, meta, step)`` of the latest checkpoint that restores, or None if there is
-        none. Each newer one that is damaged is moved aside (unless read-only) and reported
-        through ``warn`` in one line; a whole checkpoint of another run raises its
-        :class:`ConfigError`. Read-only, with every checkpoint damaged, a :class:`ConfigError`
-        names the latest and why it failed."""
+        none (a writer: also when every one was damaged; the run starts at step 0). Each newer
+        one that is damaged is moved aside (unless read-only) and reported through ``warn`` in
+        one line; a whole checkpoint of another run raises its :class:`ConfigError`. Read-only,
+        with every checkpoint damaged, a :class:`ConfigError` names the latest and why it
+        failed."""
         failed: list[tuple[int, str]] = []
         for step in sorted(self.manager.all_steps(), reverse=True):
             try:

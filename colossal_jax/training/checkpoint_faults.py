@@ -83,15 +83,24 @@ def _mib(n: int) -> str:
 
 
 class _OrbaxErrors(logging.Filter):
-    """Drops orbax's warning and error records, and asyncio's about orbax's tasks (``Task
-    exception was never retrieved``): a failed write (a traceback per writer thread and task)
-    is raised again in the main thread, and a damaged step (``Metadata file does not exist``)
-    is found by the restore; each ends in one line of ours."""
+    """Drops orbax's warning and error records, and asyncio's about orbax's tasks and
+    tensorstore's futures (``Task/Future exception was never retrieved``): a failed write (a
+    traceback per writer thread and task) is raised again in the main thread, and a damaged
+    step (``Metadata file does not exist``) is found by the restore; each ends in one line of
+    ours."""
 
     def filter(self, record: logging.LogRecord) -> bool:
         if record.levelno < logging.WARNING:
             return True
-        return "/orbax/" not in record.pathname and "/orbax/" not in record.getMessage()
+        text = record.getMessage()
+        tb = record.exc_info[2] if record.exc_info else None
+        return not (
+            "/orbax/" in record.pathname
+            or "/orbax/" in text
+            or "OCDBT" in text  # a tensorstore future's error: orbax is its only user here
+            or "TensorStore" in text
+            or _from_orbax(None, tb)
+        )
 
 
 def quiet_orbax() -> None:
@@ -99,7 +108,8 @@ def quiet_orbax() -> None:
     ``asyncio`` loggers, and the hook that drops tensorstore's callbacks into orbax's closed
     event loop (after a failed read or write tensorstore completes the operations orbax
     abandoned, and each callback prints a ``RuntimeError('Event loop is closed')`` traceback
-    through ``sys.unraisablehook``); anything else goes to the hook that was there."""
+    through ``sys.unraisablehook``, as do orbax's coroutines that were abandoned with an error of
+    their own); anything else goes to the hook that was there."""
     for name in ("absl", "asyncio"):
         logger = logging.getLogger(name)
         if not any(isinstance(f, _OrbaxErrors) for f in logger.filters):
@@ -112,7 +122,22 @@ def quiet_orbax() -> None:
         e = unraisable.exc_value
         if isinstance(e, RuntimeError) and str(e) == "Event loop is closed":
             return
+        if _from_orbax(unraisable.object, unraisable.exc_traceback):
+            return  # another read or write of a failed restore or save, already reported
         previous(unraisable)
 
     hook._colossal_quiet = True  # type: ignore[attr-defined]
     sys.unraisablehook = hook
+
+
+def _from_orbax(obj: Any, tb: Any) -> bool:
+    """Whether an unraisable exception came from orbax: its object is one of orbax's
+    coroutines, or its traceback passes through orbax's code."""
+    code = getattr(obj, "cr_code", None)
+    if code is not None and "/orbax/" in code.co_filename:
+        return True
+    while tb is not None:
+        if "/orbax/" in tb.tb_frame.f_code.co_filename:
+            return True
+        tb = tb.tb_next
+    return False
