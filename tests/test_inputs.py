@@ -154,6 +154,7 @@ def test_item8_data_takes_the_remaining_devices_as_on_the_command_line():
         (["--zero", "2", "--set", "parallel.zero=1"], ("--zero 2", "--set parallel.zero=1")),
         (["--lr", "0.1", "--set", "optim.lr=0.2"], ("--lr 0.1", "--set optim.lr=0.2")),
         (["--set", "train.steps=4", "--steps=5"], ("--steps 5", "--set train.steps=4")),
+        (["--mesh", "data=8", "--set", "parallel.data=4"], ("--mesh data=8", "parallel.data=4")),
     ],
 )
 def test_item9_a_flag_and_a_set_that_disagree_are_one_error(argv, both, nothing_compiles, capsys):

@@ -24,6 +24,7 @@ from colossal_jax.config import (
     parse_mesh,
     suggest,
 )
+from colossal_jax.config.choices import AXES
 from colossal_jax.config.families import MODELS, family_of, train_defaults
 from colossal_jax.config.flags import ConfigFlag, flags_of, values_of
 from colossal_jax.config.mesh_spec import PRESET_MODES, preset_train
@@ -105,7 +106,8 @@ def config_from_args(args, n_devices: int) -> TrainConfig:
         for f in flags_of(cls)
         if f.dest in given
     }
-    cfg = _apply_sets(cfg, args.set, flagged)
+    mesh = args.mesh if "mesh" in given else None
+    cfg = _apply_sets(cfg, args.set, flagged, mesh=mesh)
     _check_model_name(cfg.model)
     return cfg
 
@@ -126,12 +128,17 @@ left out)."""
 
 
 def _apply_sets(
-    cfg: TrainConfig, sets: list[str], flagged: dict[tuple[str, str], ConfigFlag] | None = None
+    cfg: TrainConfig,
+    sets: list[str],
+    flagged: dict[tuple[str, str], ConfigFlag] | None = None,
+    *,
+    mesh: str | None = None,
 ) -> TrainConfig:
     """``--set KEY=VALUE`` items in order: ``model.<field>`` into ``model_overrides``,
     ``optim.<field>``, ``parallel.<field>``, or a plain TrainConfig field (``train.<field>``
     too). ``flagged``: ``(group, field) -> flag`` of the flags the command line gave; a ``--set``
-    of another value for one of them is a contradiction (a ConfigError naming both)."""
+    of another value for one of them is a contradiction (a ConfigError naming both); so is a
+    ``parallel.<axis>`` of another size than the ``--mesh`` given (``mesh``, None: not given)."""
     groups = {"optim": OptimConfig, "parallel": ParallelConfig}
     flagged = flagged or {}
     model_over = dict(cfg.model_overrides)
@@ -160,6 +167,11 @@ def _apply_sets(
             now = getattr(getattr(cfg, head), rest)
             new = _coerce(key, value, types_[rest], now)
             _check_agrees(flagged.get((head, rest)), now, key, value, new)
+            if head == "parallel" and rest in AXES and mesh is not None and new != now:
+                raise ConfigError(
+                    f"--mesh {mesh} (so {rest}={now}) and --set {key}={value} contradict each "
+                    f"other; give the axis sizes in one place (e.g. --mesh {rest}={value})"
+                )
             sub = dataclasses.replace(getattr(cfg, head), **{rest: new})
             cfg = dataclasses.replace(cfg, **{head: sub})
         else:
