@@ -22,6 +22,7 @@ Single-process runs never start the thread; :func:`arm` and :func:`disarm` are t
 
 from __future__ import annotations
 
+import atexit
 import os
 import sys
 import threading
@@ -32,6 +33,7 @@ _lock = threading.Lock()
 _armed_at: float | None = None
 _what = ""
 _thread: threading.Thread | None = None
+_stopping = threading.Event()
 
 
 def arm(what: str) -> None:
@@ -113,12 +115,12 @@ def start(timeout: float, *, exit_code: int) -> None:
     beats = Beats(distributed.global_state.client, jax.process_index(), jax.process_count())
 
     def beat() -> None:  # its own thread: an RPC to a dead coordinator may block a while
-        while True:
+        while not _stopping.is_set():
             try:
                 beats.beat()
             except Exception:  # noqa: BLE001 (the store is gone: beats.last_ok ages)
                 pass
-            time.sleep(BEAT_EVERY)
+            _stopping.wait(BEAT_EVERY)
 
     def watch() -> None:
         while True:
@@ -135,6 +137,16 @@ def start(timeout: float, *, exit_code: int) -> None:
             finally:
                 os._exit(exit_code)
 
-    threading.Thread(target=beat, name="colossal-peer-beat", daemon=True).start()
+    beater = threading.Thread(target=beat, name="colossal-peer-beat", daemon=True)
+    beater.start()
     _thread = threading.Thread(target=watch, name="colossal-peer-watchdog", daemon=True)
     _thread.start()
+    atexit.register(_stop_beating, beater)
+
+
+def _stop_beating(beater: threading.Thread) -> None:
+    """At exit, before JAX's own clean-up (registered when JAX was imported, so run after this)
+    shuts the distributed client down: stop the beats and wait for one in flight, so that no
+    RPC runs on a client being destroyed (a C++ exception there aborts the process at exit)."""
+    _stopping.set()
+    beater.join(timeout=BEAT_EVERY + 10.0)
