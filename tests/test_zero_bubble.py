@@ -15,7 +15,6 @@ from colossal_jax.layers import use_parallelism
 from colossal_jax.pipeline.schedule import BACKWARD, FORWARD, WEIGHT, build, place
 from colossal_jax.pipeline.step import pipelined_value_and_grad
 from colossal_jax.pipeline.timing import weigh
-from tests.helpers import losses
 
 MODEL = {"n_layer": 8, "n_embd": 64, "n_head": 8, "block_size": 64}
 TABLES = [(name, p, m) for name in ("zb-h1", "zb-v") for p, m in ((2, 4), (4, 8), (4, 4), (3, 7))]
@@ -166,86 +165,6 @@ def test_w_recomputes_nothing_compiled_flops_equal_1f1b():
         assert flops(**parallel) == pytest.approx(base, rel=0.02), parallel
 
 
-@pytest.fixture(scope="module")
-def data_parallel_losses():
-    return losses(_cfg(data=8))
-
-
-CURVES = {
-    "zb-h1-p4": dict(pipe=4, data=2, pipeline="zb-h1", microbatches=8),
-    "zb-v-p4": dict(pipe=4, data=2, microbatches=8, **ZBV),
-    "zb-h1-1d": dict(pipe=2, data=2, tensor_row=2, tensor_mode="1d", pipeline="zb-h1"),
-    "zb-v-1d-cm": dict(
-        pipe=2, data=2, tensor_row=2, tensor_mode="1d", collective_matmul=True, **ZBV
-    ),
-    "zb-h1-2d": dict(pipe=2, tensor_row=2, tensor_col=2, tensor_mode="2d", pipeline="zb-h1"),
-    "zb-v-2.5d": dict(
-        pipe=2, tensor_row=2, tensor_col=2, tensor_depth=1, tensor_mode="2.5d", **ZBV
-    ),
-    "zb-v-ring": dict(pipe=2, seq=2, data=2, seq_mode="ring", **ZBV),
-    "zb-h1-ulysses": dict(pipe=2, seq=2, data=2, seq_mode="ulysses", pipeline="zb-h1"),
-    "zb-h1-zero1": dict(pipe=2, data=4, zero=1, pipeline="zb-h1"),
-    "zb-v-zero2": dict(pipe=2, data=4, zero=2, **ZBV),
-    "zb-h1-zero3-1d-accum2": dict(
-        pipe=2, data=2, tensor_row=2, tensor_mode="1d", zero=3, grad_accum=2, pipeline="zb-h1"
-    ),
-    "zb-v-zero3": dict(pipe=2, data=4, zero=3, **ZBV),
-    "zb-v-accum2": dict(pipe=2, data=4, grad_accum=2, **ZBV),
-    "zb-h1-remat": dict(pipe=2, data=4, remat="full", pipeline="zb-h1"),
-}
-
-
-@pytest.mark.slow
-@pytest.mark.parametrize("name", list(CURVES))
-def test_zero_bubble_gives_the_data_parallel_loss_curve(name, data_parallel_losses):
-    got = losses(_cfg(**CURVES[name]))
-    np.testing.assert_allclose(got, data_parallel_losses, rtol=1e-4)
-
-
-FAMILIES = {
-    "bert": dict(
-        model="bert-tiny",
-        model_overrides={"n_layer": 4, "n_embd": 64, "block_size": 32, "type_vocab_size": 2},
-        batch_size=16,
-        seq_len=32,
-    ),
-    "llama": dict(
-        model="llama-tiny",
-        model_overrides={
-            "n_layer": 4,
-            "n_embd": 64,
-            "n_head": 4,
-            "n_kv_head": 2,
-            "block_size": 32,
-        },
-        batch_size=16,
-        seq_len=32,
-    ),
-}
-
-
-@pytest.mark.slow
-@pytest.mark.parametrize("family", list(FAMILIES))
-@pytest.mark.parametrize("schedule", ["zb-h1", "zb-v"])
-def test_bert_and_llama_train_the_same_under_zero_bubble(family, schedule):
-    def cfg(parallel: ParallelConfig) -> TrainConfig:
-        return TrainConfig.for_model(
-            **FAMILIES[family],
-            steps=3,
-            eval_every=0,
-            devices=8,
-            optim=OptimConfig(lr=3e-3, warmup_steps=1),
-            parallel=parallel,
-        )
-
-    want = losses(cfg(ParallelConfig(data=8)))
-    v = _v(schedule)
-    got = losses(
-        cfg(ParallelConfig(pipe=2, data=4, pipeline=schedule, microbatches=4, virtual_stages=v))
-    )
-    np.testing.assert_allclose(got, want, rtol=1e-4)
-
-
 # ---- bad input --------------------------------------------------------------------------------
 BAD = [  # (command line, what the one error line must name)
     ("--mesh pipe=2,data=4 --pipeline zb-v", "--virtual-stages 2"),
@@ -271,14 +190,3 @@ def test_impossible_zero_bubble_pipelines_exit_2_before_compiling(
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("error:"), err
     assert needle in err[0], err[0]
-
-
-@pytest.mark.slow
-def test_3d_on_sixteen_devices_under_both_zero_bubble_schedules(tmp_path):
-    from tests.test_pipeline import _cli_losses
-
-    base = _cli_losses(tmp_path, "base", "--devices", "8", "--mesh", "data=8")
-    mesh = ("--devices", "16", "--mesh", "pipe=2,tensor=8", "--tensor-mode", "3d")
-    for name, flags in (("zb-h1", ()), ("zb-v", ("--virtual-stages", "2"))):
-        got = _cli_losses(tmp_path, name, *mesh, "--pipeline", name, *flags)
-        np.testing.assert_allclose(got, base, rtol=1e-4, err_msg=name)
