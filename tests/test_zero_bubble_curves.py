@@ -49,8 +49,16 @@ CURVES = {  # each mode at least once, combined so that the suite stays within i
 }
 
 
+IN_EVERY_RUN = ("zb-h1-p4", "zb-v-p4")
+"""The curves the default suite runs; the mode combinations are ``exhaustive`` (pyproject.toml:
+``pytest -m exhaustive`` runs them, about five minutes on two cores)."""
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("name", list(CURVES))
+@pytest.mark.parametrize(
+    "name",
+    [n if n in IN_EVERY_RUN else pytest.param(n, marks=pytest.mark.exhaustive) for n in CURVES],
+)
 def test_zero_bubble_gives_the_data_parallel_loss_curve(name, data_parallel_losses):
     got = losses(_cfg(**CURVES[name]))
     np.testing.assert_allclose(got, data_parallel_losses, rtol=1e-4)
@@ -79,6 +87,7 @@ FAMILIES = {
 
 
 @pytest.mark.slow
+@pytest.mark.exhaustive
 @pytest.mark.parametrize("family,schedule", [("bert", "zb-v"), ("llama", "zb-h1")])
 def test_bert_and_llama_train_the_same_under_zero_bubble(family, schedule):
     def cfg(parallel: ParallelConfig) -> TrainConfig:
@@ -100,6 +109,7 @@ def test_bert_and_llama_train_the_same_under_zero_bubble(family, schedule):
 
 
 @pytest.mark.slow
+@pytest.mark.exhaustive
 def test_3d_on_sixteen_devices_under_both_zero_bubble_schedules(tmp_path):
     from tests.test_pipeline import _cli_losses
 
