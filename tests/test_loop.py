@@ -15,7 +15,7 @@ import pytest
 
 import colossal_jax.training.loop as L
 from colossal_jax.training.loop import Hook, Hooks, Loop
-from colossal_jax.training.records import Rates
+from colossal_jax.training.records import RATE_WINDOW, Rates
 
 
 class Recorder(Hook):
@@ -121,3 +121,21 @@ def test_close_runs_in_reverse_order_also_after_a_failure_and_end_does_not(monke
     with pytest.raises(RuntimeError, match="diverged"):
         _loop(monkeypatch, events, overlap=False).run_steps(hooks)
     assert events[-3:] == ["result1", "closeB", "closeA"]
+
+
+def test_a_records_rate_averages_over_the_last_steps_so_one_short_interval_reads_true():
+    # On an H200 an offloaded step's interval read 3.6 ms against ~70 ms (its neighbour held the
+    # rest): a per-interval rate reported an MFU of 550%. Over the window the rate is the mean.
+    rates = Rates(0, lambda step: 0.0, tokens_per_step=1000, flops_per_step=1e12, peak=1e14,
+                  devices=1)  # fmt: skip
+    out = {"loss": np.float32(1.0), "grad_norm": np.float32(1.0)}
+    times = [0.07, 0.07, 0.1364, 0.0036]
+    records = [rates.record(i + 1, out, t) for i, t in enumerate(times)]
+    assert [r["step_time_s"] for r in records] == times
+    assert records[0]["tokens_per_s"] == pytest.approx(1000 / 0.07)
+    assert records[-1]["tokens_per_s"] == pytest.approx(4000 / sum(times))
+    assert records[-1]["mfu"] == pytest.approx(4e12 / sum(times) / 1e14)
+    assert all(r["mfu"] <= 1.0 for r in records) and 1e12 / 0.0036 / 1e14 > 1.0
+    for i in range(2 * RATE_WINDOW):  # the window keeps the last RATE_WINDOW steps
+        last = rates.record(5 + i, out, 0.5)
+    assert last["tokens_per_s"] == pytest.approx(1000 / 0.5)

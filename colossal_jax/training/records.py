@@ -8,6 +8,7 @@ table of ``--steps 3000000000`` would be 24 GB of float64.
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -44,11 +45,21 @@ class LearningRates:
         return float(self._values[step - self._first])
 
 
+RATE_WINDOW = 10
+"""Steps a record's ``tokens_per_s`` and ``mfu`` average over (the step itself and those before
+it). With the host overlapped, a step's time runs from the previous step's results to its own,
+and on a GPU those results can arrive before the previous step's last work (host copies of
+offloaded state) ended: one step's interval can then hold part of its neighbour's, 3.6 ms
+against 70 ms measured on an H200 (docs/performance.md). Over a window the intervals tile the
+steps' real time, so the rate is right to one boundary in ``RATE_WINDOW`` steps."""
+
+
 @dataclass(frozen=True)
 class Rates:
     """The per-step constants of a run's records: ``lr`` (the learning rate of a 0-based step),
     ``tokens_per_step``, ``flops_per_step`` (the model's FLOPs of one batch), ``peak`` (one
-    device's peak FLOP/s, None where unknown) and ``devices`` (the mesh's size)."""
+    device's peak FLOP/s, None where unknown) and ``devices`` (the mesh's size); ``recent``: the
+    last :data:`RATE_WINDOW` steps' seconds."""
 
     start_step: int
     lr: Callable[[int], float]
@@ -56,6 +67,7 @@ class Rates:
     flops_per_step: float
     peak: float | None
     devices: int
+    recent: deque[float] = field(default_factory=lambda: deque(maxlen=RATE_WINDOW))
 
     @classmethod
     def of(cls, run: Run, start_step: int) -> Rates:
@@ -69,19 +81,20 @@ class Rates:
         return cls(start_step, lr, tokens_per_step, flops_per_step, peak, run.mesh.size)
 
     def record(self, at: int, outputs: dict[str, Any], seconds: float) -> dict[str, Any]:
-        """The record of step ``at`` from its read ``outputs`` and its time (``mfu`` None where
-        the peak is unknown); fp16 adds ``loss_scale`` and ``skipped_steps``."""
-        tokens_per_s = self.tokens_per_step / seconds
+        """The record of step ``at`` from its read ``outputs`` and its time: ``step_time_s``
+        the step's own interval, ``tokens_per_s`` and ``mfu`` (None where the peak is unknown)
+        over the last :data:`RATE_WINDOW` steps read; fp16 adds ``loss_scale`` and
+        ``skipped_steps``."""
+        self.recent.append(seconds)
+        steps, window_s = len(self.recent), sum(self.recent)
         record = {
             "step": at,
             "loss": float(outputs["loss"]),
             "lr": self.lr(at - 1),
             "grad_norm": float(outputs["grad_norm"]),
             "step_time_s": seconds,
-            "tokens_per_s": tokens_per_s,
-            "mfu": (
-                self.flops_per_step / seconds / (self.peak * self.devices) if self.peak else None
-            ),
+            "tokens_per_s": self.tokens_per_step * steps / window_s,
+            "mfu": self.mfu(steps, window_s),
         }
         for key in ("loss_scale", "skipped_steps"):
             if key in outputs:
