@@ -425,6 +425,8 @@ def benchmark(
             "baseline_compile_s": base.compile_s,
             "first_loss_diff": diffs[0],
             "max_loss_diff": max(diffs),
+            "library_losses": t["lib_loss"],
+            "baseline_losses": t["base_loss"],
         }
     if loops is not None:
         step = loops["back_to_back_step_s"]

@@ -202,3 +202,32 @@ def test_linears_sharing_an_input(name):
         (lambda lay: lay.residual_spec(), w, w, w, b, b, b),
         lambda lay: lay.wide_spec(),
     )  # fmt: skip
+
+
+def test_lookup_rows_adds_its_gradient_in_float32_on_a_bf16_table():
+    """The lookup's gradient on a bf16 table is one float32 scatter-add rounded once: within a
+    bf16 rounding of the exact sum where the plain lookup's 16-bit adds drift far past it."""
+    from colossal_jax.tensor.kernels import lookup_rows
+
+    V, h = 64, 16
+    table = jax.random.normal(jax.random.key(0), (V, h), jnp.float32)
+    ids = jax.random.randint(jax.random.key(1), (4, 64), 0, 4)  # 4 rows, 64 repeats each
+    g = jax.random.normal(jax.random.key(2), (4, 64, h), jnp.float32)
+
+    def grad(lookup):
+        return jax.jit(jax.grad(lambda t, i, g: jnp.sum(
+            lookup(t.astype(jnp.bfloat16), i).astype(jnp.float32) * g)))  # fmt: skip
+
+    # the lookup's output gradient arrives in bf16: the exact sum is of those rounded values
+    exact = jnp.zeros((V, h)).at[ids].add(g.astype(jnp.bfloat16).astype(jnp.float32))
+    new = grad(lookup_rows)(table, ids, g)
+    old = grad(lambda t, i: jnp.take(t, i, axis=0))(table, ids, g)
+    ulp = 2.0**-8 * jnp.abs(exact) + 1e-6  # one bf16 rounding of the sum
+    assert bool(jnp.all(jnp.abs(new - exact) <= ulp))
+    assert float(jnp.max(jnp.abs(old - exact) / ulp)) > 10.0  # 64 adds, each rounded (64× here)
+    np.testing.assert_array_equal(  # the forward rows are the bf16 table's
+        lookup_rows(table.astype(jnp.bfloat16), ids), table.astype(jnp.bfloat16)[ids]
+    )
+    hlo = grad(lookup_rows).lower(table, ids, g).compile().as_text()
+    scatters = [line for line in hlo.splitlines() if " scatter(" in line]
+    assert scatters and all("f32[" in line.split("=")[1][:12] for line in scatters)

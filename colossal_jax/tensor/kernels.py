@@ -24,6 +24,26 @@ def token_matmul(x: jax.Array, w: jax.Array) -> jax.Array:
     return (x.reshape(-1, x.shape[-1]) @ w).reshape(*x.shape[:-1], w.shape[-1])
 
 
+def lookup_rows(table: jax.Array, ids: jax.Array) -> jax.Array:
+    """``table[ids]`` (rows of ``table: [V, h]`` for integer ``ids`` of any shape) whose gradient
+    adds up in float32.
+
+    The gradient of a lookup is a scatter-add of the ``[..., h]`` output gradient into ``[V, h]``.
+    On a 16-bit table (the bf16/fp16 compute copy of the parameters) XLA's GPU scatter adds in
+    16 bits with compare-and-swap loops, serialised on every repeated token: 15.6 ms of each of
+    gpt2-small's 63 ms bf16 steps (batch 16×1024, byte-level text) on an H200 went to that one
+    fusion (docs/performance.md), and a frequent token's sum was rounded to bf16 at each of its
+    hundreds of additions. Gathering
+    from the table cast to float32 makes the transpose a float32 scatter (native atomic adds,
+    one rounding at the end); the forward gathers from the float32 copy, a convert XLA can
+    fuse into the gather. Communication: none. Memory: the ``[V, h]`` float32 gradient
+    the scatter fills (the master gradient is float32 anyway).
+    """
+    if table.dtype in (jnp.bfloat16, jnp.float16):
+        return jnp.take(table.astype(jnp.float32), ids, axis=0).astype(table.dtype)
+    return jnp.take(table, ids, axis=0)
+
+
 def varying_axes_of(x) -> frozenset[str]:
     """The mesh axes ``x`` (an array, a tracer or an abstract ``ShapeDtypeStruct``) varies over
     inside ``shard_map`` (jax 0.10: ``manual_axis_type``; other releases: ``vma``)."""
@@ -130,7 +150,7 @@ def vocab_parallel_embed(
     else:
         local = tokens
     hit = (local >= 0) & (local < v_local)
-    rows = jnp.take(table, jnp.clip(local, 0, v_local - 1), axis=0)
+    rows = lookup_rows(table, jnp.clip(local, 0, v_local - 1))
     rows = jnp.where(hit[..., None], rows, jnp.zeros((), rows.dtype))
     if not vocab_axes:
         return rows

@@ -15,7 +15,7 @@ import jax
 import jax.numpy as jnp
 from jax.sharding import PartitionSpec as P
 
-from colossal_jax.tensor.kernels import split_rms_norm, token_matmul
+from colossal_jax.tensor.kernels import lookup_rows, split_rms_norm, token_matmul
 from colossal_jax.tensor.layout import (
     LinearKind,
     TensorLayout,
@@ -65,7 +65,7 @@ class ReplicatedLayout(TensorLayout):
         return split_rms_norm(x, scale, eps, hidden_axes=())
 
     def embed(self, tokens, table):
-        return jnp.take(table, tokens, axis=0)
+        return lookup_rows(table, tokens)
 
     def tied_logits(self, x, table):
         return jnp.einsum("bsh,vh->bsv", x, table)
