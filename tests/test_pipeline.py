@@ -13,14 +13,11 @@ from pathlib import Path
 import jax
 import numpy as np
 import pytest
-from flax import nnx
 
 from colossal_jax.cli import main
 from colossal_jax.config import OptimConfig, ParallelConfig, TrainConfig
-from colossal_jax.layers import use_parallelism
 from colossal_jax.pipeline.schedule import BACKWARD, FORWARD, build
-from colossal_jax.pipeline.step import pipelined_value_and_grad
-from tests.helpers import losses
+from tests.helpers import assert_pipelined_gradients_equal_plain, losses
 
 ROOT = Path(__file__).resolve().parent.parent
 MODEL = {"n_layer": 8, "n_embd": 64, "n_head": 8, "block_size": 64}
@@ -105,27 +102,7 @@ def data_parallel_losses():
     ids=["1f1b-p2", "gpipe-p4", "interleaved-1d"],
 )
 def test_one_step_gradients_equal_the_unpipelined_ones(parallel):
-    from colossal_jax.training.batches import global_batch
-    from colossal_jax.training.run import build as build_run
-    from colossal_jax.training.run import init_state
-
-    run = build_run(_cfg(**parallel))
-    params, _ = init_state(run)
-    batch = global_batch(run, 0)
-
-    def plain(params, b):
-        with use_parallelism(run.layout, run.local_attention):
-            model = nnx.merge(run.graphdef, params)
-            return model.loss(b["tokens"], b["positions"], b["targets"], b["weights"])
-
-    want_loss, want = jax.jit(jax.value_and_grad(plain))(params, batch)
-    pipelined = pipelined_value_and_grad(
-        run.graphdef, run.schedule, run.layout, run.local_attention, n_layer=run.model.n_layer
-    )
-    got_loss, got = jax.jit(pipelined)(params, batch)
-    np.testing.assert_allclose(got_loss, want_loss, rtol=1e-6)
-    for g, w in zip(jax.tree.leaves(got), jax.tree.leaves(want), strict=True):
-        np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-7)
+    assert_pipelined_gradients_equal_plain(_cfg(**parallel))
 
 
 # every schedule at both depths with m = 8 (m = 4 is covered by the one-step gradient test above)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import statistics
 import subprocess
 import sys
@@ -13,6 +14,7 @@ import time
 from pathlib import Path
 from types import SimpleNamespace
 
+import jax
 import numpy as np
 import pytest
 
@@ -30,6 +32,7 @@ from colossal_jax.config.tensor_split import batch_shards, split_of
 from colossal_jax.config.train_rules import check_train, host_overlap
 from colossal_jax.data.tasks import data_vocab, load_text
 from colossal_jax.hf.checks import check_init_from_hf, model_overrides
+from tests.helpers import tiny_config
 
 ROOT = Path(__file__).resolve().parent.parent
 TINY = {"n_layer": 2, "n_embd": 64, "n_head": 4, "block_size": 64}
@@ -502,3 +505,24 @@ def test_resolving_64_devices_takes_under_5ms():
         resolve(cfg, devices)
         times.append(time.perf_counter() - t0)
     assert statistics.median(times) < 5e-3, times
+
+
+def test_the_memory_floor_counts_2p5d_parameters_once_per_depth_layer():
+    """2.5D's depth layers hold the same q×q blocks: the floor splits the parameters by q² (not
+    q²·d), within a few percent of what the run's shardings put on a device (a floor still)."""
+    from colossal_jax.config.model_rules import state_bytes
+    from colossal_jax.config.tensor_split import param_split
+    from colossal_jax.training.run import build as build_run
+
+    cfg = tiny_config(tensor_row=2, tensor_col=2, tensor_depth=2, tensor_mode="2.5d")
+    run = build_run(cfg)
+    assert param_split(cfg.parallel) == 4
+    held = sum(
+        math.prod(s.shard_shape(a.shape)) * a.dtype.itemsize
+        for a, s in zip(
+            jax.tree.leaves(run.abstract_params), jax.tree.leaves(run.param_shardings), strict=True
+        )
+    )
+    floor = state_bytes(cfg, run.model)
+    slots = 2  # adamw
+    assert floor / (2 + slots) <= held <= 1.1 * floor / (2 + slots)

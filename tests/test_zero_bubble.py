@@ -5,16 +5,13 @@ unpipelined step, loss curves against data parallelism with every mode, and bad 
 from __future__ import annotations
 
 import jax
-import numpy as np
 import pytest
-from flax import nnx
 
 from colossal_jax.cli import main
 from colossal_jax.config import OptimConfig, ParallelConfig, TrainConfig
-from colossal_jax.layers import use_parallelism
 from colossal_jax.pipeline.schedule import BACKWARD, FORWARD, WEIGHT, build, place
-from colossal_jax.pipeline.step import pipelined_value_and_grad
 from colossal_jax.pipeline.timing import weigh
+from tests.helpers import assert_pipelined_gradients_equal_plain
 
 MODEL = {"n_layer": 8, "n_embd": 64, "n_head": 8, "block_size": 64}
 TABLES = [(name, p, m) for name in ("zb-h1", "zb-v") for p, m in ((2, 4), (4, 8), (4, 4), (3, 7))]
@@ -119,27 +116,7 @@ ONE_STEP = {
 
 @pytest.mark.parametrize("name", list(ONE_STEP))
 def test_one_step_gradients_equal_the_unpipelined_ones(name):
-    from colossal_jax.training.batches import global_batch
-    from colossal_jax.training.run import build as build_run
-    from colossal_jax.training.run import init_state
-
-    run = build_run(_cfg(**ONE_STEP[name]))
-    params, _ = init_state(run)
-    batch = global_batch(run, 0)
-
-    def plain(params, b):
-        with use_parallelism(run.layout, run.local_attention):
-            model = nnx.merge(run.graphdef, params)
-            return model.loss(b["tokens"], b["positions"], b["targets"], b["weights"])
-
-    want_loss, want = jax.jit(jax.value_and_grad(plain))(params, batch)
-    pipelined = pipelined_value_and_grad(
-        run.graphdef, run.schedule, run.layout, run.local_attention, n_layer=run.model.n_layer
-    )
-    got_loss, got = jax.jit(pipelined)(params, batch)
-    np.testing.assert_allclose(got_loss, want_loss, rtol=1e-6)
-    for g, w in zip(jax.tree.leaves(got), jax.tree.leaves(want), strict=True):
-        np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-7)
+    assert_pipelined_gradients_equal_plain(_cfg(**ONE_STEP[name]))
 
 
 def test_w_recomputes_nothing_compiled_flops_equal_1f1b():

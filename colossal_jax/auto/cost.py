@@ -41,6 +41,7 @@ from colossal_jax.config.choices import MESH_ORDER
 from colossal_jax.config.optimizers import optimizer
 from colossal_jax.config.plan import Plan
 from colossal_jax.config.tensor_modes import tensor_mode
+from colossal_jax.config.tensor_split import param_split
 from colossal_jax.sequence import cost as seq_cost
 from colossal_jax.tensor.cost import Grid, layer_elements
 
@@ -194,12 +195,9 @@ def axis_traffic(plan: Plan) -> dict[str, tuple[float, float]]:
 
 
 def _param_split(plan: Plan) -> int:
-    """How many pieces the tensor mode cuts the parameters into: its whole group, except a
-    mode with a depth (2.5D), whose depth layers each hold the same ``q × q`` blocks."""
-    par = plan.config.parallel
-    if tensor_mode(par.tensor_mode).takes_depth:
-        return par.tensor_size // par.tensor_depth
-    return par.tensor_size
+    """How many pieces the tensor mode cuts the parameters into
+    (:func:`~colossal_jax.config.tensor_split.param_split`)."""
+    return param_split(plan.config.parallel)
 
 
 def _act_split(plan: Plan) -> int:

@@ -22,6 +22,7 @@ from colossal_jax.config.tensor_split import (
     check_kv_heads,
     check_split,
     kv_heads_of,
+    param_split,
     split_of,
 )
 
@@ -37,13 +38,14 @@ def param_count(m: Any) -> int:
 
 def state_bytes(cfg: TrainConfig, m: Any) -> float:
     """A floor on the bytes of training state per device in device memory: fp32 parameters,
-    gradients and optimizer moments split over the tensor and pipeline axes, and over ``data``
+    gradients and optimizer moments split by the tensor mode (:func:`param_split`: 2.5D's depth
+    layers hold the same blocks) and the pipeline, and over ``data``
     by the ZeRO stage (moments from 1, gradients from 2, parameters at 3); host-offloaded state
     does not count. No activations, so a model this refuses cannot fit whatever the
     activations."""
     par, n = cfg.parallel, param_count(m)
     slots = optimizer(cfg.optim.name).state_slots(cfg.optim.b1)
-    split = par.tensor_size * par.pipe
+    split = param_split(par) * par.pipe
 
     def over_data(from_stage: int) -> int:
         return split * (par.data if par.zero >= from_stage else 1)

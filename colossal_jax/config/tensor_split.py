@@ -39,6 +39,14 @@ def split_of(par: ParallelConfig) -> TensorSplit:
     return tensor_split(par.tensor_mode, par.tensor_row, par.tensor_col, par.tensor_depth)
 
 
+def param_split(par: ParallelConfig) -> int:
+    """How many pieces the tensor mode cuts the parameters into: its whole group, except a
+    mode with a depth (2.5D), whose depth layers each hold the same ``q × q`` blocks."""
+    if tensor_mode(par.tensor_mode).takes_depth:
+        return par.tensor_size // par.tensor_depth
+    return par.tensor_size
+
+
 def batch_shards(par: ParallelConfig) -> int:
     """How many pieces the batch dimension is split into: ``data`` times the tensor mode's own
     (equal to the layout's ``batch_divisor()``)."""
