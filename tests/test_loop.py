@@ -139,3 +139,14 @@ def test_a_records_rate_averages_over_the_last_steps_so_one_short_interval_reads
     for i in range(2 * RATE_WINDOW):  # the window keeps the last RATE_WINDOW steps
         last = rates.record(5 + i, out, 0.5)
     assert last["tokens_per_s"] == pytest.approx(1000 / 0.5)
+
+
+def test_the_first_learning_rates_are_computed_before_the_loop_times_a_step():
+    """``Rates.of`` computes the first window of learning rates (a jitted call, on the host's
+    CPU backend): on a GPU that call waited behind the steps in flight inside a timed step."""
+    from colossal_jax.training.run import build as build_run
+    from tests.helpers import tiny_config
+
+    rates = Rates.of(build_run(tiny_config(steps=6)), start_step=2)
+    assert rates.lr._first == 2 and len(rates.lr._values) == 4
+    assert rates.lr(2) == pytest.approx(rates.lr._values[0])

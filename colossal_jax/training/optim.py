@@ -60,10 +60,22 @@ def schedule(cfg: OptimConfig, total_steps: int) -> optax.Schedule:
 def schedule_values(cfg: OptimConfig, total_steps: int, start: int, stop: int) -> np.ndarray:
     """The learning rate of :func:`schedule` at steps ``[start, stop)`` as host floats, from one
     jitted call: evaluated step by step in the loop, the schedule's first call compiled its
-    operations one by one (0.36 s on the CPU here, inside the second step of a run)."""
+    operations one by one (0.36 s on the CPU here, inside the second step of a run). It runs on
+    the host's CPU backend: on a GPU the call queued behind the training steps in flight and
+    waited for them, a stall in the overlapped loop (docs/performance.md, GPU figures)."""
     lr = schedule(cfg, total_steps)
-    steps = jnp.arange(start, max(stop, start), dtype=jnp.int32)
-    return np.asarray(jax.jit(jax.vmap(lr))(steps), dtype=np.float64)
+    steps = np.arange(start, max(stop, start), dtype=np.int32)
+    with jax.default_device(_host_device()):
+        return np.asarray(jax.jit(jax.vmap(lr))(steps), dtype=np.float64)
+
+
+def _host_device() -> jax.Device:
+    """This process's first CPU device; the default device where no CPU backend is up
+    (``JAX_PLATFORMS`` without ``cpu``)."""
+    try:
+        return jax.local_devices(backend="cpu")[0]
+    except RuntimeError:
+        return jax.local_devices()[0]
 
 
 def _is_variable(x: Any) -> bool:

@@ -75,6 +75,8 @@ class Rates:
         device's known peak)."""
         cfg = run.cfg
         lr = LearningRates(cfg.optim, cfg.steps)
+        if start_step < cfg.steps:
+            lr(start_step)  # the first window's compile and call, before any step is timed
         tokens_per_step = cfg.batch_size * cfg.seq_len
         flops_per_step = run.model.flops_per_token(cfg.seq_len) * tokens_per_step
         peak = cfg.peak_tflops * 1e12 if cfg.peak_tflops else peak_flops()
