@@ -168,3 +168,26 @@ def test_verify_compiles_once_then_reads_the_cache(tmp_path, monkeypatch, capsys
 def test_unknown_device_is_a_config_error():
     with pytest.raises(ConfigError, match="--device 'tpu' is unknown"):
         hardware.hardware("tpu")
+
+
+def test_verify_drops_a_plan_that_compiles_over_the_budget_and_compiles_the_next(monkeypatch):
+    """``--verify`` walks the ranking: the best plan's compiled peak over the budget drops it,
+    the next is compiled and kept with its compiled memory; none fitting is one ConfigError."""
+    from colossal_jax.auto import measure
+    from colossal_jax.auto.measure import Compiled
+
+    plan_py = _plan_script()
+    result = search(_cfg(), 8, hardware.hardware("cpu"), budget=2**40)
+    first, second = result.ranked[0].name, result.ranked[1].name
+    peaks = {first: 5e9, second: 1e9}
+
+    def fake(plan, cache=None):
+        name = next(r.name for r in result.ranked if r.plan is plan)
+        return Compiled(0, 0, 0, 0, 0, peaks.get(name, 9e9), {}, 0.1), False
+
+    monkeypatch.setattr(measure, "compile_cached", fake)
+    lines = plan_py.verify(result, 1, 8, budget=2e9)
+    assert "dropped" in lines[0] and first in lines[0] and "dropped" not in lines[1]
+    assert result.ranked[0].name == second and result.ranked[0].prediction.memory_bytes == 1e9
+    with pytest.raises(ConfigError, match="compiled over the budget"):
+        plan_py.verify(result, 1, 8, budget=1e8)
