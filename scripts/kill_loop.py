@@ -106,6 +106,15 @@ def kill_loop(kills: int, steps: int, seed: int, workdir: Path) -> list[str]:
             f"on disk {_steps_on_disk(ckpt)}" + ("" if reached else " (ended first)"),
             flush=True,
         )
+    if expect is None and len(_steps_on_disk(ckpt)) < 2:
+        # the kills came before two checkpoints were down: one more run, killed once they are
+        with (workdir / "err_extra.txt").open("w") as err:
+            proc = subprocess.Popen(cmd, env=crashlib.env(), stdout=subprocess.DEVNULL, stderr=err)
+            _wait(proc, lambda: len(_steps_on_disk(ckpt)) >= 2)
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGKILL)
+            proc.wait()
+        print(f"extra run killed with {_steps_on_disk(ckpt)} on disk", flush=True)
     if expect is None and len(_steps_on_disk(ckpt)) >= 2:  # the kills came early: truncate now
         expect = _truncate_latest(ckpt)
         print(f"  truncated a file of checkpoint step {expect[0]} before the final run", flush=True)
