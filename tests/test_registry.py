@@ -120,3 +120,17 @@ def test_an_empty_registry_says_how_to_install(monkeypatch):
     monkeypatch.setattr(registry.MODELS, "_table", {})
     with pytest.raises(KeyError, match="no model family is registered.*pip install -e ."):
         registry.family_of("gpt2-tiny")
+
+
+def test_gpt3_sizes_start_from_their_papers_learning_rate():
+    """Brown et al. 2020, table 2.1 (1.3B: 2e-4); the command line's --lr still wins."""
+    from colossal_jax.cli.configure import config_from_args
+    from colossal_jax.cli.parser import build_parser
+    from colossal_jax.config import TrainConfig
+
+    assert TrainConfig.for_model("gpt3-xl").optim.lr == 2e-4
+    assert TrainConfig.for_model("gpt3-175b").optim.lr == 6e-5
+    assert TrainConfig.for_model("gpt2-small").optim.lr == 3e-3  # no paper figure: the default
+    parse = build_parser().parse_args
+    assert config_from_args(parse(["--model", "gpt3-xl"]), 8).optim.lr == 2e-4
+    assert config_from_args(parse(["--model", "gpt3-xl", "--lr", "1e-3"]), 8).optim.lr == 1e-3
