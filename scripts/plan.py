@@ -12,10 +12,12 @@ Examples:
 
 Prints a ranked table (plan, predicted step time, memory per device, MFU, bytes per mesh axis,
 why each plan lost to the best); ``--out`` writes the best as a ``meshes/`` TOML preset.
-``--verify K`` compiles the plans in rank order on N simulated CPU devices (whatever
-``--device``: the CPU's buffer assignment stands in for the target's; cached on disk) until K
-fit the memory budget, dropping those whose compiled peak is over it, and replaces the kept
-plans' predicted memory by the compiled peak. A request no plan
+``--verify K`` compiles the plans in rank order on N simulated CPU devices (cached on disk)
+until K fit the memory budget, dropping those whose compiled peak is over it, and replaces the
+kept plans' predicted memory by the compiled peak. For a GPU target the CPU compile is a
+conservative stand-in, not the GPU's figure: it runs XLA attention (the ``s × s`` scores that
+cuDNN flash attention never holds) and reduces bf16 in fp32, so a plan it keeps should fit and
+one it drops might have fit. A request no plan
 fits exits 2 with one line naming the memory per device that would fit and the plan.
 """
 

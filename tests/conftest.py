@@ -6,9 +6,12 @@ of the signal, fault, resume and launch tests): with the cache a repeated compil
 (``scripts/train.py --steps 3`` on 8 simulated devices: 7.8 s cold, 4.0 s warm). The cache is
 keyed by the program, JAX's version and the flags, so a cached executable is the one a compile
 would give; ``COLOSSAL_JAX_TEST_XLA_CACHE=off`` runs every compile cold, a path puts the cache
-there (default: ``colossal-jax-test-xla-cache`` in the temporary directory).
+there (default: ``colossal-jax-test-xla-cache-USER`` in the temporary directory). Two processes
+may meet at one entry while it is written: JAX then warns that it could not read it and
+compiles.
 """
 
+import getpass
 import os
 import tempfile
 from pathlib import Path
@@ -19,10 +22,12 @@ os.environ["XLA_FLAGS"] = (
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 _cache = os.environ.get("COLOSSAL_JAX_TEST_XLA_CACHE", "")
 if _cache != "off":
-    os.environ.setdefault(
-        "JAX_COMPILATION_CACHE_DIR",
-        _cache or str(Path(tempfile.gettempdir()) / "colossal-jax-test-xla-cache"),
-    )
+    try:
+        _user = getpass.getuser()
+    except (KeyError, OSError):  # no user name (a container without a passwd entry)
+        _user = str(os.getuid())
+    _default = Path(tempfile.gettempdir()) / f"colossal-jax-test-xla-cache-{_user}"
+    os.environ.setdefault("JAX_COMPILATION_CACHE_DIR", _cache or str(_default))
 
 import jax  # noqa: E402
 
