@@ -146,7 +146,7 @@ def axis_traffic(plan: Plan) -> dict[str, tuple[float, float]]:
     L, h, a, w, _ = _dims(plan)
     ab, mt = _act_bytes(plan), plan.schedule_microbatches
     layers = L // par.pipe
-    psi = plan.param_count / (_param_split(plan) * par.pipe)
+    psi = plan.param_count / (param_split(par) * par.pipe)
     out: dict[str, tuple[float, float]] = {}
     tok = _tokens_per_microbatch(plan)
     if par.tensor_size > 1:
@@ -192,12 +192,6 @@ def axis_traffic(plan: Plan) -> dict[str, tuple[float, float]]:
             nbytes, count = 3 * f * 4 * psi * mt, 3 * PARAM_LEAVES * mt
         out["data"] = (nbytes, count)
     return out
-
-
-def _param_split(plan: Plan) -> int:
-    """How many pieces the tensor mode cuts the parameters into
-    (:func:`~colossal_jax.config.tensor_split.param_split`)."""
-    return param_split(plan.config.parallel)
 
 
 def _act_split(plan: Plan) -> int:
@@ -305,7 +299,7 @@ def memory_terms(plan: Plan) -> dict[str, float]:
     L, h, _, w, vocab = _dims(plan)
     n = plan.param_count
     slots = optimizer(plan.config.optim.name).state_slots(plan.config.optim.b1)
-    split = _param_split(plan) * par.pipe
+    split = param_split(par) * par.pipe
 
     def over(stage: int) -> int:
         return split * (par.data if plan.zero >= stage else 1)
@@ -318,7 +312,7 @@ def memory_terms(plan: Plan) -> dict[str, float]:
         # (ZeRO-3 reduce-scatters each layer's gradient inside the backward pass: one layer's)
         grads += 2 * n / over(3) + (2 * n / split if plan.zero < 3 else 2 * n / split / L)
     if plan.zero == 3:
-        grads += 2 * 4 * (4 * h * h + 2 * h * w) / _param_split(plan)
+        grads += 2 * 4 * (4 * h * h + 2 * h * w) / param_split(par)
     ab = _act_bytes(plan)
     tok = _tokens_per_microbatch(plan)
     layers = L // par.pipe
@@ -400,7 +394,7 @@ def _offload_seconds(plan: Plan, hw: Hardware) -> float:
     inputs both ways."""
     par = plan.config.parallel
     n = plan.param_count
-    split = _param_split(plan) * par.pipe
+    split = param_split(par) * par.pipe
     nbytes = 0.0
     slots = optimizer(plan.config.optim.name).state_slots(plan.config.optim.b1)
     if plan.offload in ("optimizer", "params"):

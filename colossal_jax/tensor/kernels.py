@@ -33,11 +33,10 @@ def lookup_rows(table: jax.Array, ids: jax.Array) -> jax.Array:
     16 bits with compare-and-swap loops, serialised on every repeated token: 15.6 ms of each of
     gpt2-small's 63 ms bf16 steps (batch 16×1024, byte-level text) on an H200 went to that one
     fusion (docs/performance.md), and a frequent token's sum was rounded to bf16 at each of its
-    hundreds of additions. Gathering
-    from the table cast to float32 makes the transpose a float32 scatter (native atomic adds,
-    one rounding at the end); the forward gathers from the float32 copy, a convert XLA can
-    fuse into the gather. Communication: none. Memory: the ``[V, h]`` float32 gradient
-    the scatter fills (the master gradient is float32 anyway).
+    hundreds of additions. Gathering from the table cast to float32 makes the transpose a
+    float32 scatter (native atomic adds, one rounding at the end); the forward gathers from the
+    float32 copy, a convert XLA can fuse into the gather. Communication: none. Memory: the
+    ``[V, h]`` float32 gradient the scatter fills (the master gradient is float32 anyway).
     """
     if table.dtype in (jnp.bfloat16, jnp.float16):
         return jnp.take(table.astype(jnp.float32), ids, axis=0).astype(table.dtype)
