@@ -15,6 +15,7 @@ from colossal_jax.checks.resolve import resolve
 from colossal_jax.config import TrainConfig
 from colossal_jax.config.families import ModelConfig
 from colossal_jax.config.plan import Plan
+from colossal_jax.runtime.compile_cache import cache_safe_for
 from colossal_jax.runtime.devices import current_devices
 from colossal_jax.runtime.metrics import MetricsWriter
 from colossal_jax.runtime.profiling import StepProfiler
@@ -63,12 +64,13 @@ def train(
         else None
     )
     try:
-        run = build(plan)
-        if jax.process_index() == 0:
-            for line in _header(run):
-                log(line)
-        stop_if_signalled(None, 0, started=False)
-        return _train(run, ckpt, t_start=t_start, progress=progress, log=log)
+        with cache_safe_for(plan.seq_mode, jax.default_backend()) as cache_note:
+            run = build(plan)
+            if jax.process_index() == 0:
+                for line in _header(run) + ([f"note: {cache_note}"] if cache_note else []):
+                    log(line)
+            stop_if_signalled(None, 0, started=False)
+            return _train(run, ckpt, t_start=t_start, progress=progress, log=log)
     finally:
         if ckpt is not None:
             ckpt.close()
