@@ -33,6 +33,7 @@ Everything is derived from the model's dimensions and the plan, in closed form (
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass, field
 
@@ -96,6 +97,22 @@ class Prediction:
         return self.model_flops / (peak * self.step_s)
 
 
+def stack_params(model) -> int:
+    """Parameters of the model's layer stack: ``n_layer`` times one layer's, one layer's read
+    off the family's own count (``param_count`` with one layer more, minus it)."""
+    deeper = dataclasses.replace(model, n_layer=model.n_layer + 1)
+    return model.n_layer * (deeper.param_count() - model.param_count())
+
+
+def params_per_device(plan: Plan) -> float:
+    """Parameters one device holds before ZeRO: the stack split by the tensor mode and over
+    ``pipe``, the rest (embeddings, final norm, head) split by the tensor mode only, since every
+    pipeline stage holds it (:mod:`colossal_jax.pipeline.step`)."""
+    par = plan.config.parallel
+    n, stack = plan.param_count, stack_params(plan.model)
+    return (stack / par.pipe + (n - stack)) / param_split(par)
+
+
 def _act_bytes(plan: Plan) -> int:
     return 4 if plan.precision == "fp32" else 2
 
@@ -146,7 +163,7 @@ def axis_traffic(plan: Plan) -> dict[str, tuple[float, float]]:
     L, h, a, w, _ = _dims(plan)
     ab, mt = _act_bytes(plan), plan.schedule_microbatches
     layers = L // par.pipe
-    psi = plan.param_count / (param_split(par) * par.pipe)
+    psi = params_per_device(plan)
     out: dict[str, tuple[float, float]] = {}
     tok = _tokens_per_microbatch(plan)
     if par.tensor_size > 1:
@@ -235,7 +252,6 @@ MEMORY_COEF = {
     "kept": 1.0,
     "working": 1.0,
     "pipe_kept": 1.58,
-    "stage_copies": 2.36,
     "logits": 1.0,
 }
 """The weight of each memory term (:func:`memory_terms`) in the predicted peak: the terms are
@@ -291,18 +307,15 @@ def memory_terms(plan: Plan) -> dict[str, float]:
       microbatch in flight, with one;
     - ``working``: one layer's full intermediates while it is recomputed (``full``,
       ``offload``) or run;
-    - ``stage_copies``: a pipeline's per-microbatch copy of its stage's parameters (the
-      executor's tick loop keeps each tick's operands), times the microbatches in flight;
     - ``logits``: the logits, their softmax and gradient in fp32.
     """
     par = plan.config.parallel
     L, h, _, w, vocab = _dims(plan)
-    n = plan.param_count
+    n = params_per_device(plan)
     slots = optimizer(plan.config.optim.name).state_slots(plan.config.optim.b1)
-    split = param_split(par) * par.pipe
 
     def over(stage: int) -> int:
-        return split * (par.data if plan.zero >= stage else 1)
+        return par.data if plan.zero >= stage else 1
 
     state = 4 * n / over(3) + 4 * n * slots / over(1)
     grads = 4 * n / over(2)
@@ -310,7 +323,7 @@ def memory_terms(plan: Plan) -> dict[str, float]:
         grads += 4 * n / over(2)
     if plan.precision != "fp32":  # the 16-bit parameter copy, the 16-bit gradient before its cast
         # (ZeRO-3 reduce-scatters each layer's gradient inside the backward pass: one layer's)
-        grads += 2 * n / over(3) + (2 * n / split if plan.zero < 3 else 2 * n / split / L)
+        grads += 2 * n / over(3) + (2 * n if plan.zero < 3 else 2 * n / L)
     if plan.zero == 3:
         grads += 2 * 4 * (4 * h * h + 2 * h * w) / param_split(par)
     ab = _act_bytes(plan)
@@ -319,7 +332,6 @@ def memory_terms(plan: Plan) -> dict[str, float]:
     inflight = _in_flight(plan)
     kept = _split_elements(plan, PER_TOKEN[plan.remat]) * ab * tok * layers * inflight
     working = _split_elements(plan, PER_TOKEN["none"]) * ab * tok
-    copies = 4 * n / split * inflight if par.pipelined else 0.0
     logits = 3 * tok * vocab / plan.tensor_split.divisor("vocab size") * 4
     return {
         "state": state,
@@ -327,7 +339,6 @@ def memory_terms(plan: Plan) -> dict[str, float]:
         "kept": 0.0 if par.pipelined else kept,
         "pipe_kept": kept if par.pipelined else 0.0,
         "working": working,
-        "stage_copies": copies,
         "logits": logits,
     }
 
@@ -393,14 +404,13 @@ def _offload_seconds(plan: Plan, hw: Hardware) -> float:
     """Host ↔ device copies of a step: the offloaded state both ways, remat ``offload``'s layer
     inputs both ways."""
     par = plan.config.parallel
-    n = plan.param_count
-    split = param_split(par) * par.pipe
+    n = params_per_device(plan)
     nbytes = 0.0
     slots = optimizer(plan.config.optim.name).state_slots(plan.config.optim.b1)
     if plan.offload in ("optimizer", "params"):
-        nbytes += 2 * 4 * n * slots / (split * (par.data if plan.zero >= 1 else 1))
+        nbytes += 2 * 4 * n * slots / (par.data if plan.zero >= 1 else 1)
     if plan.offload == "params":
-        nbytes += 2 * 4 * n / (split * par.data)
+        nbytes += 2 * 4 * n / par.data
     if plan.remat == "offload":
         tok = _tokens_per_microbatch(plan)
         L, h = plan.model.n_layer, plan.model.n_embd

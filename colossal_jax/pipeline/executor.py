@@ -10,6 +10,8 @@ and at each tick a ``lax.switch`` on this stage's entry:
   or the activation received earlier; ``jax.vjp`` of the chunk gives the output and the
   backward's residuals, which are stored in a residual slot until the backward. The last chunk
   also runs the loss head and its ``vjp`` at once, so its gradient waits in a gradient slot.
+  Residuals that are the chunk's parameters themselves are not stored: the backward reads them
+  from the stack again (no tick changes it), so a slot holds activations only.
 - **backward**: the residuals are taken from their slot and the ``vjp`` applied to the gradient
   received from the next stage; parameter gradients accumulate; the first chunk also runs the
   embedding's backward.
@@ -50,7 +52,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from colossal_jax.layers.linear_tape import chunk_tape
-from colossal_jax.pipeline.schedule import COL, SEND_DOWN, SEND_UP, Schedule
+from colossal_jax.pipeline.schedule import BACKWARD, COL, FORWARD, SEND_DOWN, SEND_UP, Schedule
 from colossal_jax.tensor.kernels import varying, varying_axes_of
 from colossal_jax.tensor.layout import per_stage_branches
 
@@ -218,34 +220,68 @@ class _StageProgram:
             probes = jax.tree.map(lambda a: _zeros(a.shape, a), self.probe_sds)
             y, pullback, saved = jax.vjp(taped, params, x, probes, has_aux=True)
         leaves, tree = jax.tree.flatten(pullback)
-        self._res_tree[:] = [tree]
-        return y, leaves, jax.tree.leaves(saved)
+        # residuals that are the chunk's own parameters are not stored per microbatch: the
+        # backward takes them from the stack, which no tick changes
+        where = {id(a): i for i, a in enumerate(jax.tree.leaves(params))}
+        from_params = tuple(where.get(id(leaf)) for leaf in leaves)
+        if self._res_tree and self._res_tree[1] != from_params:
+            raise AssertionError("a chunk's residuals changed between traces")
+        self._res_tree[:] = [tree, from_params]
+        stored = [leaf for leaf, k in zip(leaves, from_params, strict=True) if k is None]
+        return y, stored, jax.tree.leaves(saved)
 
     def as_act(self, x):
         """``x`` typed as the activation (the embedding's and every chunk output's type)."""
         return varying(x, tuple(sorted(varying_axes_of(self.x_sds))))
 
     # ---- the branches ---------------------------------------------------------------------------
-    def forward(self, c, row, *, embed_input: bool = False, head: bool = False):
+    # A branch sees only what its tick reads (``ins``: the slots the row names, read before the
+    # switch) and returns a tick's worth of results in one shape for every branch
+    # (:meth:`nothing` with its own parts filled in); the slot buffers and gradient sums are
+    # updated after the switch, in place. Passing the whole carry through the switch made XLA
+    # copy every buffer at every tick.
+    def nothing(self) -> dict[str, Any]:
+        """A tick's results when it does nothing: zeros of every part's type."""
+        out = {
+            "msg": self.zeros_msg,
+            "res": [_zeros(b.shape[1:], b) for b in self.start["res"]],
+            "grad": self.zeros_msg,
+            "d_chunk": jax.tree.map(lambda a: _zeros(a.shape, a), self.chunk_params(0)),
+            "d_rest": jax.tree.map(lambda a: _zeros(a.shape, a), self.rest),
+            "loss": varying(jnp.zeros((), jnp.float32), (PIPE,)),
+        }
+        if self.split:
+            out["saved"] = [_zeros(b.shape[1:], b) for b in self.start["saved"]]
+            out["wgrad"] = [_zeros(b.shape[1:], b) for b in self.start["wgrad"]]
+        return out
+
+    def reads(self, c, row) -> dict[str, Any]:
+        """The slots this tick's row names, read from the carry (whatever the branch)."""
+        ins = {
+            "x": _read(c["act"], row[COL["input_slot"]]),
+            "res": [_read(b, row[COL["residual_slot"]]) for b in c["res"]],
+            "grad": _read(c["grad"], row[COL["grad_slot"]]),
+        }
+        if self.split:
+            ins["saved"] = [_read(b, row[COL["saved_slot"]]) for b in c["saved"]]
+            ins["wgrad"] = [_read(b, row[COL["wgrad_slot"]]) for b in c["wgrad"]]
+        return ins
+
+    def forward(self, ins, row, *, embed_input: bool = False, head: bool = False):
         mb, v = row[COL["microbatch"]], row[COL["chunk"]]
-        if embed_input:
-            x = self.as_act(self.embed(self.rest, mb))
-        else:
-            x = _read(c["act"], row[COL["input_slot"]])
+        x = self.as_act(self.embed(self.rest, mb)) if embed_input else ins["x"]
         y, leaves, saved = self.forward_with_residuals(
             self.chunk_params(v), x, self.batch.positions[mb]
         )
         y = self.as_act(y)
-        slot = row[COL["residual_slot"]]
-        c = dict(c, res=[_write(b, slot, leaf) for b, leaf in zip(c["res"], leaves, strict=True)])
+        out = dict(self.nothing(), msg=y, res=leaves)
         if self.split:
-            at = row[COL["saved_slot"]]
-            c["saved"] = [_write(b, at, a) for b, a in zip(c["saved"], saved, strict=True)]
+            out["saved"] = saved
         if head:
-            c = self.head(c, row, mb, y)
-        return c, y
+            out.update(self.head(mb, y))
+        return out
 
-    def head(self, c, row, mb, y):
+    def head(self, mb, y) -> dict[str, Any]:
         """The loss of microbatch ``mb`` from the last chunk's output ``y``, and its gradient now;
         the gradient waits in its slot for this chunk's backward."""
         (total, _), pullback = jax.vjp(
@@ -256,44 +292,33 @@ class _StageProgram:
         d_r, dy = pullback(
             (jnp.ones_like(total) * self.seed.astype(total.dtype), jnp.zeros_like(total))
         )
-        return dict(
-            c,
-            d_rest=jax.tree.map(jnp.add, c["d_rest"], d_r),
-            grad=_write(c["grad"], row[COL["grad_slot"]], self.as_act(dy)),
-            loss=c["loss"] + total / self.count,
-        )
+        return {"d_rest": d_r, "grad": self.as_act(dy), "loss": total / self.count}
 
-    def backward(self, c, row, *, embed_grad: bool = False):
+    def backward(self, ins, row, *, embed_grad: bool = False):
         """The fused backward, or split (B): the input gradient, the non-linear parameters'
         gradients and, into a weight-gradient slot, every linear's output gradient."""
         mb, v = row[COL["microbatch"]], row[COL["chunk"]]
-        slot = row[COL["residual_slot"]]
-        pullback = jax.tree.unflatten(self._res_tree[0], [_read(buf, slot) for buf in c["res"]])
-        cotangents = pullback(_read(c["grad"], row[COL["grad_slot"]]))
+        stored = iter(ins["res"])
+        params = jax.tree.leaves(self.chunk_params(v))
+        leaves = [next(stored) if k is None else params[k] for k in self._res_tree[1]]
+        pullback = jax.tree.unflatten(self._res_tree[0], leaves)
+        cotangents = pullback(ins["grad"])
         d_params, dx = cotangents[0], cotangents[1]
-        c = dict(c, d_stack=self.add_chunk_grad(c["d_stack"], v, d_params))
-        if self.split:
-            at = row[COL["wgrad_slot"]]
-            dys = jax.tree.leaves(cotangents[2])
-            c["wgrad"] = [_write(b, at, d) for b, d in zip(c["wgrad"], dys, strict=True)]
         dx = self.as_act(dx)
+        out = dict(self.nothing(), msg=dx, d_chunk=d_params)
+        if self.split:
+            out["wgrad"] = jax.tree.leaves(cotangents[2])
         if embed_grad:
             _, pullback = jax.vjp(lambda r: self.as_act(self.embed(r, mb)), self.rest)
-            (d_r,) = pullback(dx)
-            c = dict(c, d_rest=jax.tree.map(jnp.add, c["d_rest"], d_r))
-        return c, dx
+            (out["d_rest"],) = pullback(dx)
+        return out
 
-    def weight(self, c, row):
+    def weight(self, ins, row):
         """W: the linears' weight (and bias) gradients from their saved inputs and output
         gradients, through the layout's kernels (:mod:`colossal_jax.layers.linear_tape`)."""
         mb, v = row[COL["microbatch"]], row[COL["chunk"]]
-        saved_at, wgrad_at = row[COL["saved_slot"]], row[COL["wgrad_slot"]]
-        saved = jax.tree.unflatten(
-            jax.tree.structure(self.saved_sds), [_read(b, saved_at) for b in c["saved"]]
-        )
-        dys = jax.tree.unflatten(
-            jax.tree.structure(self.probe_sds), [_read(b, wgrad_at) for b in c["wgrad"]]
-        )
+        saved = jax.tree.unflatten(jax.tree.structure(self.saved_sds), ins["saved"])
+        dys = jax.tree.unflatten(jax.tree.structure(self.probe_sds), ins["wgrad"])
         pos = self.batch.positions[mb]
 
         def outputs(prm):
@@ -303,10 +328,10 @@ class _StageProgram:
 
         _, pullback = jax.vjp(outputs, self.chunk_params(v))
         (d_params,) = pullback(dys)
-        return dict(c, d_stack=self.add_chunk_grad(c["d_stack"], v, d_params)), self.zeros_msg
+        return dict(self.nothing(), d_chunk=d_params)
 
-    def idle(self, c, row):
-        return c, self.zeros_msg
+    def idle(self, ins, row):
+        return self.nothing()
 
     def branches(self) -> list[Callable]:
         """One function per entry of the schedule's ``branches``, in order."""
@@ -323,11 +348,42 @@ class _StageProgram:
         }
         return [by_name[name] for name in self.schedule.branches]
 
+    def store(self, c, row, out) -> dict[str, Any]:
+        """The carry after a tick's results ``out``: a forward's residuals (and, split, saved
+        inputs) and the head's gradient filed into their slots, a backward's (split: B's)
+        linear output gradients into theirs, the chunk's and the other parameters' gradients
+        and the loss added."""
+        op, v = row[COL["op"]], row[COL["chunk"]]
+        head = row[COL["branch"]] == self.schedule.branches.index("forward_head")
+
+        def only(cond, slot):
+            return jnp.where(cond, slot, -1)
+
+        res_at = only(op == FORWARD, row[COL["residual_slot"]])
+        c = dict(
+            c,
+            res=[_write_if(b, res_at, a) for b, a in zip(c["res"], out["res"], strict=True)],
+            grad=_write_if(c["grad"], only(head, row[COL["grad_slot"]]), out["grad"]),
+            d_stack=self.add_chunk_grad(c["d_stack"], v, out["d_chunk"]),
+            d_rest=jax.tree.map(jnp.add, c["d_rest"], out["d_rest"]),
+            loss=c["loss"] + out["loss"],
+        )
+        if self.split:
+            saved_at = only(op == FORWARD, row[COL["saved_slot"]])
+            wgrad_at = only(op == BACKWARD, row[COL["wgrad_slot"]])
+            c["saved"] = [
+                _write_if(b, saved_at, a) for b, a in zip(c["saved"], out["saved"], strict=True)
+            ]
+            c["wgrad"] = [
+                _write_if(b, wgrad_at, a) for b, a in zip(c["wgrad"], out["wgrad"], strict=True)
+            ]
+        return c
+
     def tick_fn(self, stage: jax.Array) -> Callable:
         """``tick(carry, rows) -> (carry, None)`` for ``lax.scan`` over the tick table: this
-        stage's branch, its message over the ring the table names (up to ``s+1``, down to
-        ``s−1``, or to itself), and the messages received filed into the slots the table
-        names."""
+        stage's branch on the slots its row reads, the results stored, its message over the
+        ring the table names (up to ``s+1``, down to ``s−1``, or to itself), and the messages
+        received filed into the slots the table names."""
         p = self.schedule.stages
         branch_fns = self.branches()
         up_ring = [(i, (i + 1) % p) for i in range(p)]
@@ -335,7 +391,9 @@ class _StageProgram:
 
         def tick(c, rows):
             row = rows[stage]
-            c, msg = jax.lax.switch(row[COL["branch"]], branch_fns, c, row)
+            out = jax.lax.switch(row[COL["branch"]], branch_fns, self.reads(c, row), row)
+            c = self.store(c, row, out)
+            msg = out["msg"]
             send = row[COL["send"]]
             recv = {
                 "up": jax.lax.ppermute(
