@@ -244,14 +244,16 @@ class _StageProgram:
     # (:meth:`nothing` with its own parts filled in); the slot buffers and gradient sums are
     # updated after the switch, in place. Passing the whole carry through the switch made XLA
     # copy every buffer at every tick.
-    def nothing(self) -> dict[str, Any]:
-        """A tick's results when it does nothing: zeros of every part's type."""
+    def nothing(self, ins) -> dict[str, Any]:
+        """A tick's results when it does nothing: zeros of every part's type, and the other
+        parameters' gradient sum as it was (passed through: a zero of its size every tick
+        would cost more than the copy)."""
         out = {
             "msg": self.zeros_msg,
             "res": [_zeros(b.shape[1:], b) for b in self.start["res"]],
             "grad": self.zeros_msg,
             "d_chunk": jax.tree.map(lambda a: _zeros(a.shape, a), self.chunk_params(0)),
-            "d_rest": jax.tree.map(lambda a: _zeros(a.shape, a), self.rest),
+            "d_rest": ins["d_rest"],
             "loss": varying(jnp.zeros((), jnp.float32), (PIPE,)),
         }
         if self.split:
@@ -263,12 +265,12 @@ class _StageProgram:
         """The slots this tick's row names, read from the carry (whatever the branch)."""
         ins = {
             "x": _read(c["act"], row[COL["input_slot"]]),
-            "res": [_read(b, row[COL["residual_slot"]]) for b in c["res"]],
+            "res": c["res"],
             "grad": _read(c["grad"], row[COL["grad_slot"]]),
+            "d_rest": c["d_rest"],
         }
         if self.split:
-            ins["saved"] = [_read(b, row[COL["saved_slot"]]) for b in c["saved"]]
-            ins["wgrad"] = [_read(b, row[COL["wgrad_slot"]]) for b in c["wgrad"]]
+            ins["saved"], ins["wgrad"] = c["saved"], c["wgrad"]
         return ins
 
     def forward(self, ins, row, *, embed_input: bool = False, head: bool = False):
@@ -278,14 +280,14 @@ class _StageProgram:
             self.chunk_params(v), x, self.batch.positions[mb]
         )
         y = self.as_act(y)
-        out = dict(self.nothing(), msg=y, res=leaves)
+        out = dict(self.nothing(ins), msg=y, res=leaves)
         if self.split:
             out["saved"] = saved
         if head:
-            out.update(self.head(mb, y))
+            out.update(self.head(ins, mb, y))
         return out
 
-    def head(self, mb, y) -> dict[str, Any]:
+    def head(self, ins, mb, y) -> dict[str, Any]:
         """The loss of microbatch ``mb`` from the last chunk's output ``y``, and its gradient now;
         the gradient waits in its slot for this chunk's backward."""
         (total, _), pullback = jax.vjp(
@@ -296,33 +298,41 @@ class _StageProgram:
         d_r, dy = pullback(
             (jnp.ones_like(total) * self.seed.astype(total.dtype), jnp.zeros_like(total))
         )
-        return {"d_rest": d_r, "grad": self.as_act(dy), "loss": total / self.count}
+        d_rest = jax.tree.map(jnp.add, ins["d_rest"], d_r)
+        return {"d_rest": d_rest, "grad": self.as_act(dy), "loss": total / self.count}
 
     def backward(self, ins, row, *, embed_grad: bool = False):
         """The fused backward, or split (B): the input gradient, the non-linear parameters'
         gradients and, into a weight-gradient slot, every linear's output gradient."""
         mb, v = row[COL["microbatch"]], row[COL["chunk"]]
-        stored = iter(ins["res"])
+        stored = iter([_read(b, row[COL["residual_slot"]]) for b in ins["res"]])
         params = jax.tree.leaves(self.chunk_params(v))
         leaves = [next(stored) if k is None else params[k] for k in self._res_tree[1]]
         pullback = jax.tree.unflatten(self._res_tree[0], leaves)
         cotangents = pullback(ins["grad"])
         d_params, dx = cotangents[0], cotangents[1]
         dx = self.as_act(dx)
-        out = dict(self.nothing(), msg=dx, d_chunk=d_params)
+        out = dict(self.nothing(ins), msg=dx, d_chunk=d_params)
         if self.split:
             out["wgrad"] = jax.tree.leaves(cotangents[2])
         if embed_grad:
             _, pullback = jax.vjp(lambda r: self.as_act(self.embed(r, mb)), self.rest)
-            (out["d_rest"],) = pullback(dx)
+            (d_r,) = pullback(dx)
+            out["d_rest"] = jax.tree.map(jnp.add, ins["d_rest"], d_r)
         return out
 
     def weight(self, ins, row):
         """W: the linears' weight (and bias) gradients from their saved inputs and output
         gradients, through the layout's kernels (:mod:`colossal_jax.layers.linear_tape`)."""
         mb, v = row[COL["microbatch"]], row[COL["chunk"]]
-        saved = jax.tree.unflatten(jax.tree.structure(self.saved_sds), ins["saved"])
-        dys = jax.tree.unflatten(jax.tree.structure(self.probe_sds), ins["wgrad"])
+        saved = jax.tree.unflatten(
+            jax.tree.structure(self.saved_sds),
+            [_read(b, row[COL["saved_slot"]]) for b in ins["saved"]],
+        )
+        dys = jax.tree.unflatten(
+            jax.tree.structure(self.probe_sds),
+            [_read(b, row[COL["wgrad_slot"]]) for b in ins["wgrad"]],
+        )
         pos = self.batch.positions[mb]
 
         def outputs(prm):
@@ -332,10 +342,10 @@ class _StageProgram:
 
         _, pullback = jax.vjp(outputs, self.chunk_params(v))
         (d_params,) = pullback(dys)
-        return dict(self.nothing(), d_chunk=d_params)
+        return dict(self.nothing(ins), d_chunk=d_params)
 
     def idle(self, ins, row):
-        return self.nothing()
+        return self.nothing(ins)
 
     def branches(self) -> list[Callable]:
         """One function per entry of the schedule's ``branches``, in order."""
@@ -369,7 +379,7 @@ class _StageProgram:
             res=[_write_if(b, res_at, a) for b, a in zip(c["res"], out["res"], strict=True)],
             grad=_write_if(c["grad"], only(head, row[COL["grad_slot"]]), out["grad"]),
             d_stack=self.add_chunk_grad(c["d_stack"], v, out["d_chunk"]),
-            d_rest=jax.tree.map(jnp.add, c["d_rest"], out["d_rest"]),
+            d_rest=out["d_rest"],
             loss=c["loss"] + out["loss"],
         )
         if self.split:
