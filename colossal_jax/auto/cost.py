@@ -251,7 +251,7 @@ MEMORY_COEF = {
     "grads": 1.0,
     "kept": 1.0,
     "working": 1.0,
-    "pipe_kept": 1.58,
+    "pipe_kept": 1.66,
     "logits": 1.0,
 }
 """The weight of each memory term (:func:`memory_terms`) in the predicted peak: the terms are
