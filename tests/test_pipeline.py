@@ -172,3 +172,20 @@ def test_stacked_parameters_split_their_layer_axis_over_pipe():
 def test_a_pipe_axis_defaults_to_1f1b_from_python_too():
     assert ParallelConfig(pipe=2, data=4).pipeline == "1f1b"
     assert ParallelConfig(data=8).pipeline == "none"
+
+
+@pytest.mark.parametrize("name", ["gpipe", "1f1b", "zb-h1"])
+def test_the_tick_loop_updates_its_slots_in_place(name):
+    """The tick loop copies (almost) nothing of its carry per tick: a tick's branch once took and
+    returned the whole carry, and XLA copied every slot buffer at every tick (then 42 of 46 MiB
+    per tick for GPipe at p = 4, M = 8 on a 4-layer, 256-wide GPT)."""
+    from colossal_jax.analysis.hlo import while_loops
+    from colossal_jax.auto.measure import Stepper
+    from colossal_jax.checks.resolve import resolve
+    from colossal_jax.runtime.devices import current_devices
+
+    cfg = _cfg(pipe=4, data=2, pipeline=name, microbatches=8)
+    stepper = Stepper(resolve(cfg, current_devices()), allocate=False)
+    ticks = build(name, 4, 8).ticks
+    (loop,) = [lp for lp in while_loops(stepper.step.as_text()) if lp.trip_count == ticks]
+    assert loop.copied_bytes < 0.25 * loop.carry_bytes, (loop.copied_bytes, loop.carry_bytes)

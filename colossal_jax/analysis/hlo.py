@@ -454,3 +454,34 @@ def matmul_flops(hlo_text: str, branch_counts: dict[int, list[int]] | None = Non
 def _condition_of(line: str) -> str | None:
     m = re.search(r"\bcondition=%?([\w.\-]+)", line)
     return m.group(1) if m else None
+
+
+@dataclass(frozen=True)
+class Loop:
+    """One ``while`` loop of a program: its known trip count (None if XLA states none), the bytes
+    of its carry, and the bytes its body copies per iteration (its ``copy`` instructions)."""
+
+    trip_count: int | None
+    carry_bytes: float
+    copied_bytes: float
+
+
+def while_loops(hlo_text: str) -> list[Loop]:
+    """Every ``while`` loop in ``hlo_text`` with its carry and the bytes its body copies per
+    iteration: a loop that copies most of its carry at every iteration (a buffer XLA could not
+    update in place) shows here."""
+    comps, _ = _split_computations(hlo_text)
+    loops = []
+    for lines in comps.values():
+        for line in lines:
+            if " while(" not in line:
+                continue
+            body = re.search(r"\bbody=%?([\w.\-]+)", line)
+            trip = _TRIP.search(line)
+            carry = sum(array_bytes(line.split("=", 1)[1].split(" while(")[0]))
+            copied = 0.0
+            for inner in comps.get(body.group(1), []) if body else []:
+                if " copy(" in inner:
+                    copied += sum(array_bytes(inner.split("=", 1)[1].split(" copy(")[0]))
+            loops.append(Loop(int(trip.group(1)) if trip else None, carry, copied))
+    return loops

@@ -373,9 +373,7 @@ def predict(plan: Plan, hw: Hardware) -> Prediction:
     traffic = axis_traffic(plan)
     inner = _inner_sizes(plan)
     sizes = dict(zip(MESH_ORDER, plan.mesh_shape, strict=True))
-    axis_s = {
-        x: hw.link_of(x, inner[x], sizes[x]).seconds(b, c) for x, (b, c) in traffic.items()
-    }
+    axis_s = {x: hw.link_of(x, inner[x], sizes[x]).seconds(b, c) for x, (b, c) in traffic.items()}
     exposed = sum(s for x, s in axis_s.items() if x != "data")
     if "data" in axis_s:
         hidden = 0.0 if hw.shared else OVERLAP * compute
