@@ -239,8 +239,9 @@ class _StageProgram:
         return varying(x, tuple(sorted(varying_axes_of(self.x_sds))))
 
     # ---- the branches ---------------------------------------------------------------------------
-    # A branch sees only what its tick reads (``ins``: the slots the row names, read before the
-    # switch) and returns a tick's worth of results in one shape for every branch
+    # A branch gets ``ins`` (:meth:`reads`: the activation and gradient slots its row names, read
+    # before the switch; the residual, saved-input and weight-gradient buffers whole, which it
+    # only reads) and returns a tick's worth of results in one shape for every branch
     # (:meth:`nothing` with its own parts filled in); the slot buffers and gradient sums are
     # updated after the switch, in place. Passing the whole carry through the switch made XLA
     # copy every buffer at every tick.
@@ -262,7 +263,9 @@ class _StageProgram:
         return out
 
     def reads(self, c, row) -> dict[str, Any]:
-        """The slots this tick's row names, read from the carry (whatever the branch)."""
+        """What a branch reads: the activation and gradient slots this tick's row names (read
+        whatever the branch: one slot each) and the buffers a backward or W reads its slot from
+        (handed in whole: a slot read before the switch would be a slot-sized temporary)."""
         ins = {
             "x": _read(c["act"], row[COL["input_slot"]]),
             "res": c["res"],
