@@ -9,7 +9,7 @@ and works for Ulysses, ring self-attention, 1F1B pipelines, 2D and 3D tensor par
 ZeRO-3 (``scripts/train.py --devices 8 ... --steps 3`` run twice on one cache folder).
 
 :func:`cache_safe_for` turns the cache off for such a run and gives the note to print; every
-other run keeps it. Nothing changes on a GPU, where the bug was not seen.
+other run keeps it. Nothing changes on a GPU (the bug was not looked for there).
 """
 
 from __future__ import annotations
