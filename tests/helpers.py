@@ -40,6 +40,7 @@ def assert_pipelined_gradients_equal_plain(cfg: TrainConfig) -> None:
     """One step of ``cfg``'s pipeline schedule gives the loss (1e-6) and gradients (1e-5) of
     the same model run unpipelined on the same batch."""
     import jax
+    import jax.numpy as jnp
     import numpy as np
     from flax import nnx
 
@@ -48,6 +49,7 @@ def assert_pipelined_gradients_equal_plain(cfg: TrainConfig) -> None:
     from colossal_jax.training.batches import global_batch
     from colossal_jax.training.run import build as build_run
     from colossal_jax.training.run import init_state
+    from colossal_jax.training.stack_order import to_model, to_stored
 
     run = build_run(cfg)
     params, _ = init_state(run)
@@ -60,9 +62,13 @@ def assert_pipelined_gradients_equal_plain(cfg: TrainConfig) -> None:
 
     want_loss, want = jax.jit(jax.value_and_grad(plain))(params, batch)
     pipelined = pipelined_value_and_grad(
-        run.graphdef, run.schedule, run.layout, run.local_attention, n_layer=run.model.n_layer
+        run.graphdef, run.schedule, run.layout, run.local_attention
     )
-    got_loss, got = jax.jit(pipelined)(params, batch)
+    # the step takes the state as the run stores it (chunk order for V > 1) and gives the
+    # gradient in that order
+    stored, _ = to_stored(run, jax.tree.map(jnp.copy, params), None)
+    got_loss, got = jax.jit(pipelined)(stored, batch)
+    got, _ = to_model(run, got)
     np.testing.assert_allclose(got_loss, want_loss, rtol=1e-6)
     for g, w in zip(jax.tree.leaves(got), jax.tree.leaves(want), strict=True):
         np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-7)

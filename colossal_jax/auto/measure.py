@@ -40,6 +40,7 @@ from colossal_jax.config.plan import Plan, devices_hint
 from colossal_jax.training.batches import global_batch
 from colossal_jax.training.checkpoint import abstract_like
 from colossal_jax.training.run import Run, build, init_state
+from colossal_jax.training.stack_order import to_stored
 from colossal_jax.training.steps import make_train_step
 
 
@@ -99,7 +100,7 @@ class Stepper:
         _check_devices(plan)
         run = build(plan)
         if allocate:
-            params, opt_state = init_state(run)
+            params, opt_state = to_stored(run, *init_state(run))
         else:
             params = abstract_like(run.abstract_params, run.param_shardings)
             abstract_opt = jax.eval_shape(run.tx.init, run.abstract_params)

@@ -53,7 +53,6 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 
 from colossal_jax.layers.linear_tape import chunk_tape
 from colossal_jax.pipeline.schedule import BACKWARD, COL, FORWARD, SEND_DOWN, SEND_UP, Schedule
@@ -479,18 +478,3 @@ def run_pipeline(
     d_rest = jax.tree.map(lambda g: jax.lax.psum(g, PIPE), carry["d_rest"])
     return loss, carry["d_stack"], d_rest
 
-
-def chunk_order_permutation(n_layer: int, schedule: Schedule) -> np.ndarray:
-    """Layer order that puts model chunk ``schedule.chunk_at(s, v)`` at local chunk ``v`` of
-    stage ``s`` when the layer axis is split contiguously over ``pipe``:
-    ``stored[j] = model[perm[j]]`` (interleaved: chunk ``v·p + s``; ZB-V: ``s`` and
-    ``2p − 1 − s``)."""
-    p, v = schedule.stages, schedule.virtual_stages
-    per_chunk = n_layer // (p * v)
-    perm = [
-        schedule.chunk_at(s, local) * per_chunk + i
-        for s in range(p)
-        for local in range(v)
-        for i in range(per_chunk)
-    ]
-    return np.asarray(perm, dtype=np.int32)

@@ -6,10 +6,11 @@ same contract as ``jax.value_and_grad`` of the unpipelined loss (gradients multi
 
 1. the model's parameters are split by the ``layer_axis`` metadata into the stack (leading layer
    dimension, split over ``pipe``) and the rest (embedding, final norm, head; on every stage);
-2. for the schedules with several chunks per stage the stack's layer order is permuted so that
-   each stage's contiguous block holds its chunks (interleaved: ``s, s+p, …``; ZB-V: ``s`` and
-   ``2p − 1 − s``) and the gradient is permuted back: an
-   exchange of ``(V−1)/V`` of the stack's parameters over ``pipe`` each way per step;
+2. for the schedules with several chunks per stage the stack comes **in chunk order** — each
+   stage's contiguous block of the layer axis holds the chunks it runs (interleaved: ``s, s+p,
+   …``; ZB-V: ``s`` and ``2p − 1 − s``), as such a run stores it between steps
+   (:mod:`colossal_jax.pipeline.chunk_order`) — and its gradient leaves in chunk order: the step
+   moves no parameter between stages;
 3. one ``jax.shard_map`` over every mesh axis runs :func:`~colossal_jax.pipeline.executor.
    run_pipeline` with the layouts' kernels working on per-device blocks.
 """
@@ -22,7 +23,6 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 from flax import nnx
 from jax.sharding import PartitionSpec as P
 
@@ -30,7 +30,7 @@ from colossal_jax.layers import stacked_filter, use_parallelism
 from colossal_jax.layers.stack import StackOptions, use_stack_options
 from colossal_jax.parallel import zero
 from colossal_jax.parallel.sharding import param_specs
-from colossal_jax.pipeline.executor import chunk_order_permutation, run_pipeline
+from colossal_jax.pipeline.executor import run_pipeline
 from colossal_jax.pipeline.schedule import Schedule
 from colossal_jax.tensor.grid import axes_of
 from colossal_jax.tensor.layout import LocalAttention, TensorLayout
@@ -138,13 +138,14 @@ def pipelined_value_and_grad(
     layout: TensorLayout,
     local_attention: LocalAttention,
     *,
-    n_layer: int,
     compute_dtype: Any = jnp.float32,
     stage: int = 0,
     layer_dims: list | None = None,
     remat: Callable[..., bool] | None = None,
 ) -> Callable[[Any, dict[str, jax.Array]], tuple[jax.Array, Any]]:
-    """``(params, batch) -> (mean loss, grads)`` through the pipeline ``schedule``.
+    """``(params, batch) -> (mean loss, grads)`` through the pipeline ``schedule``; with
+    ``V > 1`` chunks per stage ``params`` and the gradients are in chunk order
+    (:mod:`colossal_jax.pipeline.chunk_order`).
 
     ``stage`` is the ZeRO stage over ``data`` (:mod:`colossal_jax.parallel.zero`: the parameters
     enter varying over ``data`` and one reduction at the end covers every gradient; stage 3
@@ -155,19 +156,12 @@ def pipelined_value_and_grad(
     token_spec = layout.token_spec()
     token_axes = tuple(a for entry in token_spec for a in axes_of(entry))
     options = zero.stack_options(stage, layer_dims, remat)
-    perm = inv = None
-    if schedule.virtual_stages > 1:
-        perm = chunk_order_permutation(n_layer, schedule)
-        inv = np.argsort(perm).astype(np.int32)
 
     def value_and_grad(params, batch, scale=None):
         model_params = params
         if compute_dtype != jnp.float32:
             params = jax.tree.map(lambda a: a.astype(compute_dtype), params)
         parts = _PipelineParams.split(graphdef, params, layout)
-        stack = parts.stack
-        if perm is not None:
-            stack = jax.tree.map(lambda a: a[perm], stack)
         per_device = _per_device_step(
             parts, schedule, layout, local_attention, options, stage, token_axes
         )
@@ -178,7 +172,7 @@ def pipelined_value_and_grad(
             in_specs=(*parts.specs(stage == 3), tok, tok, tok, tok, P()),
             out_specs=(P(), *parts.specs(stage >= 2)),
         )(
-            stack,
+            parts.stack,
             parts.rest,
             batch["tokens"],
             batch["positions"],
@@ -186,8 +180,6 @@ def pipelined_value_and_grad(
             batch["weights"],
             jnp.float32(1.0) if scale is None else scale.astype(jnp.float32),
         )
-        if inv is not None:
-            d_stack = jax.tree.map(lambda g: g[inv], d_stack)
         grads = nnx.merge_state(d_stack, d_rest)
         grads = jax.tree.map(lambda g, p: g.astype(p.dtype), grads, model_params)
         return loss, grads

@@ -15,8 +15,10 @@ from jax.sharding import NamedSharding
 
 from colossal_jax.layers import use_parallelism
 from colossal_jax.parallel.step import sharded_value_and_grad
+from colossal_jax.pipeline.chunk_order import exchange_stacked
 from colossal_jax.training.batches import stop_sharding
 from colossal_jax.training.run import Run
+from colossal_jax.training.stack_order import chunk_ordered
 
 COMPUTE_DTYPES = {"fp32": jnp.float32, "bf16": jnp.bfloat16, "fp16": jnp.float16}
 """The dtype the forward and backward compute in, by ``--precision`` (parameters stay fp32)."""
@@ -130,7 +132,6 @@ def value_and_grad_fn(run: Run) -> Callable:
         run.schedule,
         run.layout,
         run.local_attention,
-        n_layer=run.model.n_layer,
         compute_dtype=compute_dtype,
         stage=run.cfg.parallel.zero,
         layer_dims=run.layer_dims,
@@ -142,10 +143,13 @@ def _specs(shardings: Any) -> Any:
     return jax.tree.map(lambda s: s.spec, shardings, is_leaf=lambda x: isinstance(x, NamedSharding))
 
 
-def make_eval_step(run: Run) -> Callable:
+def make_eval_step(run: Run, *, stored: bool = False) -> Callable:
     """The jitted forward ``(params, batch) -> metrics``, in the training step's shardings:
     ``loss`` (the batch's mean weighted loss), ``count`` (its sum of weights) and, for image
     classification, ``correct`` (the weight of the examples whose class logit is the largest).
+    ``params`` are in model order, or with ``stored`` in the order the run keeps them between
+    steps (chunk order for ``V > 1`` chunks per stage, :mod:`colossal_jax.training.stack_order`);
+    the order the pipelined loss or the plain forward needs is made inside.
 
     A pipelined run evaluates its loss through the same pipelined function as training and
     drops the gradients (its stacked parameters stay split over ``pipe``); its accuracy comes
@@ -159,12 +163,19 @@ def make_eval_step(run: Run) -> Callable:
             return value_and_grad(params, batch)[0]
 
     accuracy = run.task == "image_classification"
+    ordered = chunk_ordered(run)
 
     def on_device_metrics(params, batch):
         params = to_device(params, run.device_param_shardings, run.param_shardings)
-        out = {"loss": loss_fn(params, batch), "count": jnp.sum(batch["weights"])}
+        chunks = model = params
+        if ordered:  # the other order, made here (an unused one is compiled away)
+            other = exchange_stacked(
+                params, run.device_param_shardings, run.schedule, to_chunks=not stored
+            )
+            chunks, model = (params, other) if stored else (other, params)
+        out = {"loss": loss_fn(chunks, batch), "count": jnp.sum(batch["weights"])}
         if accuracy:
-            out["correct"] = _correct(run, params, batch)
+            out["correct"] = _correct(run, model, batch)
         return out
 
     batch_shardings = {k: run.batch_sharding for k in BATCH_KEYS}

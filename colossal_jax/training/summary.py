@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from colossal_jax.training.run import Run
+from colossal_jax.training.stack_order import to_model
 
 if TYPE_CHECKING:
     from colossal_jax.training.checkpoint import Checkpointer
@@ -86,6 +87,7 @@ def summarize(
     losses, times = loop.losses, loop.step_times
     timed_seconds = sum(times)
     eval_losses = evaluation.losses if evaluation is not None else []
+    params, opt_state = to_model(loop.run, loop.params, loop.opt_state)  # the loop is done
     return Summary(
         steps_run=len(losses),
         start_step=loop.start_step,
@@ -104,8 +106,8 @@ def summarize(
         first_eval_loss=eval_losses[0][1] if eval_losses else None,
         final_eval_loss=eval_losses[-1][1] if eval_losses else None,
         eval_accuracies=evaluation.accuracies if evaluation is not None else [],
-        params=loop.params,
-        opt_state=loop.opt_state,
+        params=params,
+        opt_state=opt_state,
         run=loop.run,
     )
 

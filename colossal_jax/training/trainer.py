@@ -31,6 +31,7 @@ from colossal_jax.training.hooks.watchdog import PeerWatchdog
 from colossal_jax.training.loop import Hooks, Loop, compile_step
 from colossal_jax.training.records import Rates
 from colossal_jax.training.run import Run, build, replicated_leftovers, start_state
+from colossal_jax.training.stack_order import to_stored
 from colossal_jax.training.summary import Summary, summarize, summary_line
 
 
@@ -97,6 +98,7 @@ def _train(
         say(summary_line(summary, ckpt))
         return summary
     stop_if_signalled(ckpt, start_step, started=False)
+    params, opt_state = to_stored(run, params, opt_state)  # chunk order for V > 1 (donated)
     compiled, compile_s = compile_step(run, params, opt_state, start_step)
     say(f"compiled the train step in {compile_s:.1f}s")
     stop_if_signalled(ckpt, start_step, started=False)

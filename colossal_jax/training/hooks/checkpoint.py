@@ -15,6 +15,7 @@ from colossal_jax.config.model_rules import grad_accum_of
 from colossal_jax.runtime import watchdog
 from colossal_jax.training.checkpoint import Checkpointer
 from colossal_jax.training.loop import Hook, Loop
+from colossal_jax.training.stack_order import to_model, to_stored
 
 
 class Checkpointing(Hook):
@@ -31,12 +32,16 @@ class Checkpointing(Hook):
             return
         run = loop.run
         with loop.clock.pause():
+            # checkpoints hold model order; a chunk-ordered state goes there and back (donated:
+            # the save has copied the arrays to the host when it returns)
+            params, opt_state = to_model(run, loop.params, loop.opt_state)
             self.ckpt.save(
                 loop.step,
-                {"params": loop.params, "opt_state": loop.opt_state},
+                {"params": params, "opt_state": opt_state},
                 checkpoint_meta(run.cfg, loop.step, run.model),
                 force=True,
             )
+            loop.params, loop.opt_state = to_stored(run, params, opt_state)
 
     def end(self, loop: Loop) -> None:
         watchdog.arm(f"the checkpoint of step {loop.step}")

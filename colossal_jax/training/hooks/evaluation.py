@@ -20,7 +20,7 @@ class Evaluation(Hook):
     ``(step, value)`` of every evaluation (accuracies for image classifiers only)."""
 
     def __init__(self, run: Run, writer: MetricsWriter, every: int):
-        self.step_fn, self.data = make_eval_step(run), eval_data(run)
+        self.step_fn, self.data = make_eval_step(run, stored=True), eval_data(run)
         self.run, self.writer, self.every = run, writer, every
         self.losses: list[tuple[int, float]] = []
         self.accuracies: list[tuple[int, float]] = []
