@@ -24,7 +24,11 @@ compiled (never run) and measured:
   ``lockstep_time`` and ``lockstep_idle`` (every tick as long as its costliest operation: the
   one-program executor), in FLOPs;
 - ``bytes_per_device``: bytes every collective moves per device in one step (ring model,
-  :func:`colossal_jax.analysis.hlo.bytes_moved`).
+  :func:`colossal_jax.analysis.hlo.bytes_moved`);
+- ``state_bytes``: the step's argument bytes per device (parameters, optimizer state, batch;
+  ``memory_analysis``), and ``rest_state_bytes``: the part of the parameters and optimizer state
+  that is the embedding, final norm and head (a pipeline stores them split over ``pipe``;
+  ``--vocab 50257`` shows it at GPT-2's vocabulary).
 
 A reference row compiles the unpipelined step on ``data = devices`` with the same model and
 batch: its ``flops_per_device`` against ``model_flops/devices`` checks the HLO count itself.
@@ -47,7 +51,9 @@ SCHEDULES = [("gpipe", 1), ("1f1b", 1), ("interleaved", 2), ("zb-h1", 1), ("zb-v
 MODEL = {"n_layer": 8, "n_embd": 128, "n_head": 8, "block_size": 128}
 
 
-def _config(p: int, schedule: str, m: int, v: int, devices: int, batch: int, seq: int):
+def _config(
+    p: int, schedule: str, m: int, v: int, devices: int, batch: int, seq: int, vocab: int = 0
+):
     from colossal_jax.config import OptimConfig, ParallelConfig, TrainConfig
 
     if p == 1:
@@ -58,7 +64,7 @@ def _config(p: int, schedule: str, m: int, v: int, devices: int, batch: int, seq
         )
     return TrainConfig(
         model="gpt2-tiny",
-        model_overrides=dict(MODEL),
+        model_overrides=dict(MODEL) | ({"vocab_size": vocab} if vocab else {}),
         steps=10,
         batch_size=batch,
         seq_len=seq,
@@ -68,7 +74,9 @@ def _config(p: int, schedule: str, m: int, v: int, devices: int, batch: int, seq
     )
 
 
-def measure(schedule: str, p: int, m: int, v: int, devices: int, batch: int, seq: int) -> dict:
+def measure(
+    schedule: str, p: int, m: int, v: int, devices: int, batch: int, seq: int, vocab: int = 0
+) -> dict:
     import jax
 
     from colossal_jax.analysis.hlo import bytes_moved, matmul_flops
@@ -78,7 +86,7 @@ def measure(schedule: str, p: int, m: int, v: int, devices: int, batch: int, seq
     from colossal_jax.training.run import build
     from colossal_jax.training.steps import make_train_step
 
-    run = build(_config(p, schedule, m, v, devices, batch, seq))
+    run = build(_config(p, schedule, m, v, devices, batch, seq, vocab))
     abstract_params = abstract_like(run.abstract_params, run.param_shardings)
     opt_shapes = jax.eval_shape(run.tx.init, run.abstract_params)
     abstract_opt = abstract_like(opt_shapes, run.opt_shardings)
@@ -98,6 +106,8 @@ def measure(schedule: str, p: int, m: int, v: int, devices: int, batch: int, seq
         "microbatches": m,
         "virtual_stages": v,
         "temp_bytes": int(compiled.memory_analysis().temp_size_in_bytes),
+        "state_bytes": int(compiled.memory_analysis().argument_size_in_bytes),
+        "rest_state_bytes": _rest_state_bytes(run),
         "xla_cost_flops": float(cost.get("flops", 0.0)),
         "model_flops": model_flops,
         "bytes_per_device": bytes_moved(text),
@@ -141,6 +151,31 @@ def measure(schedule: str, p: int, m: int, v: int, devices: int, batch: int, seq
     }
 
 
+def _rest_state_bytes(run) -> int:
+    """Bytes per device of the unstacked parameters (embedding, final norm, head) and of their
+    optimizer state, from the run's shardings (a pipeline stores them split over ``pipe``)."""
+    import math
+
+    import jax
+    from jax.sharding import NamedSharding
+
+    from colossal_jax.layers.stack import is_stacked
+    from colossal_jax.parallel.sharding import is_variable
+
+    def per_device(tree, shardings) -> int:
+        leaves, treedef = jax.tree.flatten(tree, is_leaf=is_variable)
+        where = treedef.flatten_up_to(shardings)
+        total = 0
+        for leaf, sh in zip(leaves, where, strict=True):
+            if is_variable(leaf) and not is_stacked(leaf) and isinstance(sh, NamedSharding):
+                a = leaf.get_value()
+                total += math.prod(sh.shard_shape(a.shape)) * a.dtype.itemsize
+        return total
+
+    opt = jax.eval_shape(run.tx.init, run.abstract_params)
+    return per_device(run.abstract_params, run.param_shardings) + per_device(opt, run.opt_shardings)
+
+
 def _branch_flops(text: str, ticks: int, branches: tuple[str, ...]) -> dict[str, float]:
     """Matmul FLOPs of one run of each tick-switch branch (the switch run ``ticks`` times)."""
     from colossal_jax.analysis.hlo import matmul_flops
@@ -162,6 +197,9 @@ def main() -> int:
     parser.add_argument("--cases", default="4x8,2x4", help="pipe x microbatches, e.g. 4x8")
     parser.add_argument("--schedules", default=",".join(n for n, _ in SCHEDULES))
     parser.add_argument("--json", default=None, help="write the records here")
+    parser.add_argument(
+        "--vocab", type=int, default=0, help="vocabulary size (default: the bytes, 256)"
+    )
     args = parser.parse_args()
     flags = os.environ.get("XLA_FLAGS", "")
     os.environ["XLA_FLAGS"] = f"{flags} --xla_force_host_platform_device_count={args.devices}"
@@ -174,19 +212,21 @@ def main() -> int:
     records = []
     print(
         f"{'schedule':12s} {'p':>2s} {'M':>2s} {'V':>2s} {'temp MiB':>9s} {'GFLOP/dev':>10s} "
-        f"{'/bound':>7s} {'bubble':>7s} {'w.idle':>7s} {'ls.idle':>7s} {'MiB moved':>9s}"
+        f"{'/bound':>7s} {'bubble':>7s} {'w.idle':>7s} {'ls.idle':>7s} {'MiB moved':>9s} "
+        f"{'state MiB':>9s} {'rest MiB':>8s}"
     )
     runs = [("none", 1, 1, 1)] + [
         (n, p, m, v) for p, m in cases for n, v in SCHEDULES if n in wanted
     ]
     for name, p, m, v in runs:
-        r = measure(name, p, m, v, args.devices, args.batch_size, args.seq_len)
+        r = measure(name, p, m, v, args.devices, args.batch_size, args.seq_len, args.vocab)
         records.append(r)
         print(
             f"{name:12s} {p:2d} {m:2d} {v:2d} {r['temp_bytes'] / 2**20:9.2f} "
             f"{r['flops_per_device'] / 1e9:10.3f} {r['flops_over_bound']:7.3f} "
             f"{r['bubble_fraction']:7.4f} {r['weighted_idle']:7.4f} {r['lockstep_idle']:7.4f} "
-            f"{r['bytes_per_device'] / 2**20:9.2f}",
+            f"{r['bytes_per_device'] / 2**20:9.2f} {r['state_bytes'] / 2**20:9.2f} "
+            f"{r['rest_state_bytes'] / 2**20:8.2f}",
             flush=True,
         )
     _summary(records, cases)

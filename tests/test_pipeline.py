@@ -152,7 +152,9 @@ def test_impossible_pipelines_exit_2_before_compiling(argv, needle, capsys, monk
     assert needle in err[0], err[0]
 
 
-def test_stacked_parameters_split_their_layer_axis_over_pipe():
+def test_stacked_parameters_split_their_layer_axis_over_pipe_and_the_rest_splits_too():
+    """The stack's layer axis is split over ``pipe``; the embedding, final norm and head are
+    stored split over ``pipe`` along another dimension (each stage keeps half at ``pipe=2``)."""
     from colossal_jax.training.run import build as build_run
 
     run = build_run(_cfg(pipe=2, data=4, pipeline="1f1b"))
@@ -162,7 +164,8 @@ def test_stacked_parameters_split_their_layer_axis_over_pipe():
     }
     stacked = [k for k in specs if "blocks" in k]
     assert stacked and all(specs[k][0] == "pipe" for k in stacked)
-    assert all(specs[k] == () or specs[k][0] != "pipe" for k in specs if "blocks" not in k)
+    rest = [k for k in specs if "blocks" not in k]
+    assert rest and all("pipe" in specs[k] for k in rest), {k: specs[k] for k in rest}
     flat = dataclasses.replace(run.cfg, parallel=ParallelConfig(data=8))
     flat_run = build_run(flat)
     flat_specs = jax.tree.leaves(flat_run.param_shardings, is_leaf=lambda x: hasattr(x, "spec"))

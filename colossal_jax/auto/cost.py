@@ -105,12 +105,19 @@ def stack_params(model) -> int:
 
 
 def params_per_device(plan: Plan) -> float:
-    """Parameters one device holds before ZeRO: the stack split by the tensor mode and over
-    ``pipe``, the rest (embeddings, final norm, head) split by the tensor mode only, since every
-    pipeline stage holds it (:mod:`colossal_jax.pipeline.step`)."""
+    """Parameters one device computes with before ZeRO: the stack split by the tensor mode and
+    over ``pipe``, the rest (embeddings, final norm, head) split by the tensor mode only, since
+    every pipeline stage gathers it whole for the step (:mod:`colossal_jax.pipeline.step`)."""
     par = plan.config.parallel
     n, stack = plan.param_count, stack_params(plan.model)
     return (stack / par.pipe + (n - stack)) / param_split(par)
+
+
+def stored_params_per_device(plan: Plan) -> float:
+    """Parameters one device stores between steps before ZeRO: all of them split by the tensor
+    mode and over ``pipe`` (a pipeline stores the rest split over ``pipe`` too)."""
+    par = plan.config.parallel
+    return plan.param_count / par.pipe / param_split(par)
 
 
 def _act_bytes(plan: Plan) -> int:
@@ -296,12 +303,12 @@ def _inner_width(plan: Plan) -> float:
 def memory_terms(plan: Plan) -> dict[str, float]:
     """The terms of the predicted peak per device, in bytes (weights :data:`MEMORY_COEF`):
 
-    - ``state``: parameters and optimizer slots (split by tensor, pipeline and ZeRO; the step
-      donates them, so its outputs alias them; offloaded state still counts, the step copies it
-      in);
+    - ``state``: parameters and optimizer slots as stored (split by tensor, pipeline and ZeRO;
+      the step donates them, so its outputs alias them; offloaded state still counts, the step
+      copies it in);
     - ``grads``: the fp32 gradient (split by ZeRO from stage 2), the accumulator beside it with
       accumulation below stage 2, under bf16/fp16 a 16-bit parameter copy and the 16-bit
-      gradient before its cast to fp32, ZeRO-3's gathered layer;
+      gradient before its cast to fp32, ZeRO-3's gathered layer, a pipeline's gathered rest;
     - ``kept``: the activations the remat policy keeps (:data:`PER_TOKEN`) for every layer,
       without a pipeline; ``pipe_kept`` the same for every layer of a stage and every
       microbatch in flight, with one;
@@ -312,13 +319,17 @@ def memory_terms(plan: Plan) -> dict[str, float]:
     par = plan.config.parallel
     L, h, _, w, vocab = _dims(plan)
     n = params_per_device(plan)
+    stored = stored_params_per_device(plan)
     slots = optimizer(plan.config.optim.name).state_slots(plan.config.optim.b1)
 
     def over(stage: int) -> int:
         return par.data if plan.zero >= stage else 1
 
-    state = 4 * n / over(3) + 4 * n * slots / over(1)
+    state = 4 * stored / over(3) + 4 * stored * slots / over(1)
     grads = 4 * n / over(2)
+    if par.pipelined:  # the rest gathered whole over pipe for the step, in the compute dtype
+        rest = plan.param_count - stack_params(plan.model)
+        grads += _act_bytes(plan) * rest / param_split(par)
     if plan.grad_accum > 1 and plan.zero < 2:
         grads += 4 * n / over(2)
     if plan.precision != "fp32":  # the 16-bit parameter copy, the 16-bit gradient before its cast
@@ -402,7 +413,7 @@ def _offload_seconds(plan: Plan, hw: Hardware) -> float:
     """Host ↔ device copies of a step: the offloaded state both ways, remat ``offload``'s layer
     inputs both ways."""
     par = plan.config.parallel
-    n = params_per_device(plan)
+    n = stored_params_per_device(plan)
     nbytes = 0.0
     slots = optimizer(plan.config.optim.name).state_slots(plan.config.optim.b1)
     if plan.offload in ("optimizer", "params"):

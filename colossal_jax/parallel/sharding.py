@@ -146,19 +146,26 @@ def tree_shardings(
     *,
     zero_axis: str | None = None,
     layer_entry: str | None = None,
+    rest_axis: str | None = None,
 ) -> object:
     """A NamedSharding for every leaf of ``tree`` (an nnx State, or an optimizer state holding
     nnx Variables). Variables get their role's spec (+ ZeRO ``zero_axis``; stacked parameters
-    get ``layer_entry`` — ``None`` or ``"pipe"`` — on their layer dimension); other leaves (step
-    counters, scalars) are replicated."""
+    get ``layer_entry`` — ``None`` or ``"pipe"`` — on their layer dimension; the unstacked ones
+    — embedding, final norm, head — are also split over ``rest_axis`` where a dimension divides,
+    as a pipeline stores them: :func:`rest_axis_dims`); other leaves (step counters, scalars)
+    are replicated."""
     mesh = layout.mesh
 
     def one(leaf):
         if is_variable(leaf):
             spec = variable_spec(leaf, layout, layer_entry=layer_entry)
-            if zero_axis is not None and leaf.get_metadata().get("role") is not None:
-                skip = 1 if leaf.get_metadata().get(LAYER_AXIS) is not None else 0
-                spec = zero_spec(spec, tuple(leaf.get_value().shape), mesh, zero_axis, skip=skip)
+            meta, shape = leaf.get_metadata(), tuple(leaf.get_value().shape)
+            if meta.get("role") is not None:
+                stacked = meta.get(LAYER_AXIS) is not None
+                if zero_axis is not None:
+                    spec = zero_spec(spec, shape, mesh, zero_axis, skip=1 if stacked else 0)
+                if rest_axis is not None and not stacked:
+                    spec = zero_spec(spec, shape, mesh, rest_axis)
             return NamedSharding(mesh, spec)
         return NamedSharding(mesh, P())
 
@@ -166,14 +173,31 @@ def tree_shardings(
 
 
 def param_specs(
-    state, layout: TensorLayout, *, layer_entry: str | None = None, zero_axis: str | None = None
+    state,
+    layout: TensorLayout,
+    *,
+    layer_entry: str | None = None,
+    zero_axis: str | None = None,
+    rest_axis: str | None = None,
 ):
-    """PartitionSpecs (not shardings) of an nnx State under ``layout`` (+ ZeRO ``zero_axis``)."""
+    """PartitionSpecs (not shardings) of an nnx State under ``layout`` (+ ZeRO ``zero_axis``,
+    + ``rest_axis`` on the unstacked parameters: :func:`tree_shardings`)."""
     return jax.tree.map(
         lambda s: s.spec,
-        tree_shardings(state, layout, layer_entry=layer_entry, zero_axis=zero_axis),
+        tree_shardings(
+            state, layout, layer_entry=layer_entry, zero_axis=zero_axis, rest_axis=rest_axis
+        ),
         is_leaf=lambda x: isinstance(x, NamedSharding),
     )
+
+
+def rest_axis_dims(specs, axis: str):
+    """For each PartitionSpec of ``specs``, the dimension ``axis`` splits (None: not split)."""
+
+    def one(spec):
+        return next((d for d, entry in enumerate(spec) if axis in _axes_of(entry)), None)
+
+    return jax.tree.map(one, specs, is_leaf=lambda x: isinstance(x, P))
 
 
 ShardingFn = Callable[[object], object]

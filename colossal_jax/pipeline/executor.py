@@ -460,12 +460,12 @@ def run_pipeline(
 
     Returns:
       the mean loss over the global batch (replicated), the stack gradient (this stage's
-      block) and the ``rest`` gradient (summed over ``pipe``).
+      block) and this stage's part of the ``rest`` gradient (the caller sums it over ``pipe``).
     """
     stage = jax.lax.axis_index(PIPE)
     batch = _Microbatches.split(schedule.microbatches, tokens, positions, targets, weights)
     # every stage's copy of `rest` is marked varying over pipe, so gradients taken on one stage
-    # stay that stage's (they are summed over pipe once, at the end)
+    # stay that stage's (the caller sums them over pipe once, at the end)
     rest = jax.tree.map(lambda a: varying(a, (PIPE,)), rest)
     count = jax.lax.psum(jnp.sum(batch.weights.astype(jnp.float32)), token_axes)
     count = jnp.maximum(count, 1.0)
@@ -475,6 +475,5 @@ def run_pipeline(
     )
     carry, _ = jax.lax.scan(program.tick_fn(stage), program.start, jnp.asarray(schedule.table))
     loss = jax.lax.psum(carry["loss"], PIPE)
-    d_rest = jax.tree.map(lambda g: jax.lax.psum(g, PIPE), carry["d_rest"])
-    return loss, carry["d_stack"], d_rest
+    return loss, carry["d_stack"], carry["d_rest"]
 

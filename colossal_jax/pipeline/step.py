@@ -5,7 +5,11 @@ same contract as ``jax.value_and_grad`` of the unpipelined loss (gradients multi
 ``scale``, for fp16 loss scaling). Inside it:
 
 1. the model's parameters are split by the ``layer_axis`` metadata into the stack (leading layer
-   dimension, split over ``pipe``) and the rest (embedding, final norm, head; on every stage);
+   dimension, split over ``pipe``) and the rest (embedding, final norm, head). The rest is
+   stored split over ``pipe`` as well (each stage keeps ``1/p`` of it and of its optimizer
+   state): the step all-gathers it over ``pipe`` on entry and reduce-scatters its gradient over
+   ``pipe`` at the end — the same bytes as the all-reduce a replicated copy would need, ``2·(p −
+   1)/p`` of the rest per device;
 2. for the schedules with several chunks per stage the stack comes **in chunk order** — each
    stage's contiguous block of the layer axis holds the chunks it runs (interleaved: ``s, s+p,
    …``; ZB-V: ``s`` and ``2p − 1 − s``), as such a run stores it between steps
@@ -29,8 +33,8 @@ from jax.sharding import PartitionSpec as P
 from colossal_jax.layers import stacked_filter, use_parallelism
 from colossal_jax.layers.stack import StackOptions, use_stack_options
 from colossal_jax.parallel import zero
-from colossal_jax.parallel.sharding import param_specs
-from colossal_jax.pipeline.executor import run_pipeline
+from colossal_jax.parallel.sharding import param_specs, rest_axis_dims
+from colossal_jax.pipeline.executor import PIPE, run_pipeline
 from colossal_jax.pipeline.schedule import Schedule
 from colossal_jax.tensor.grid import axes_of
 from colossal_jax.tensor.layout import LocalAttention, TensorLayout
@@ -44,7 +48,8 @@ class _PipelineParams:
     Attributes:
       graphdef: the graph both parts merge back into.
       stack, rest: the stacked blocks (leading layer dimension, split over ``pipe``) and the
-        other parameters (embedding, final norm, head; on every stage).
+        other parameters (embedding, final norm, head; stored split over ``pipe`` too where a
+        dimension divides, gathered whole on every stage for the step).
       stack_specs, rest_specs: their layout specs; ``stack_zero``, ``rest_zero``: the same with
         ZeRO's ``data`` split; ``stack_dims``, ``rest_dims``: each parameter's ZeRO dimension.
     """
@@ -66,10 +71,10 @@ class _PipelineParams:
             gd,
             stack,
             rest,
-            param_specs(stack, layout, layer_entry="pipe"),
-            param_specs(rest, layout),
-            param_specs(stack, layout, layer_entry="pipe", zero_axis=zero.AXIS),
-            param_specs(rest, layout, zero_axis=zero.AXIS),
+            param_specs(stack, layout, layer_entry=PIPE),
+            param_specs(rest, layout, rest_axis=PIPE),
+            param_specs(stack, layout, layer_entry=PIPE, zero_axis=zero.AXIS),
+            param_specs(rest, layout, zero_axis=zero.AXIS, rest_axis=PIPE),
             zero.zero_dims(stack, layout, layer_entry="pipe"),
             zero.zero_dims(rest, layout),
         )
@@ -94,8 +99,11 @@ def _per_device_step(
     targets, weights, scale) -> (loss, d_stack, d_rest)`` — the parameters entered into ZeRO
     ``stage``, :func:`run_pipeline` with the layouts' kernels, one ZeRO reduction at the end."""
     gd, stack_dims, rest_dims = parts.graphdef, parts.stack_dims, parts.rest_dims
+    rest_in = rest_axis_dims(parts.specs(stage == 3)[1], PIPE)
+    rest_out = rest_axis_dims(parts.specs(stage >= 2)[1], PIPE)
 
     def per_device(stack, rest, tokens, positions, targets, weights, scale):
+        rest = _over_pipe(rest, rest_in, gather=True)
         stack = zero.enter(stack, stack_dims, stage)
         rest = zero.enter(rest, rest_dims, stage)
         if stage == 3:  # the unstacked parameters whole; their gradient is scattered below
@@ -127,9 +135,28 @@ def _per_device_step(
             )
         d_stack = zero.reduce(d_stack, stack_dims, stage)
         d_rest = zero.reduce(d_rest, rest_dims, 2 if stage == 3 else stage)
+        d_rest = _over_pipe(d_rest, rest_out, gather=False)
         return loss, d_stack, d_rest
 
     return per_device
+
+
+def _over_pipe(tree: Any, dims: Any, *, gather: bool) -> Any:
+    """The unstacked parameters gathered whole over ``pipe`` from their stored split
+    (``gather``), or their gradients — each stage's partial sum — reduce-scattered back to it
+    (summed whole where no dimension splits)."""
+
+    def one(v, d):
+        if not isinstance(v, nnx.Variable):
+            return v
+        a = v.get_value()
+        if gather:
+            return v.replace(a if d is None else jax.lax.all_gather(a, PIPE, axis=d, tiled=True))
+        if d is None:
+            return v.replace(jax.lax.psum(a, PIPE))
+        return v.replace(jax.lax.psum_scatter(a, PIPE, scatter_dimension=d, tiled=True))
+
+    return jax.tree.map(one, tree, dims, is_leaf=lambda x: isinstance(x, nnx.Variable))
 
 
 def pipelined_value_and_grad(

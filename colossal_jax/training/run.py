@@ -147,12 +147,15 @@ def _state_shardings(
     ZeRO-2 split them over ``data``), the optimizer state (ZeRO-1 and up), and with
     ``--offload`` the device shardings the step brings host-resident state to."""
     entry, stage = plan.layer_entry, plan.zero
-    plain = tree_shardings(abstract_params, layout, layer_entry=entry)
-    zero = tree_shardings(abstract_params, layout, zero_axis="data", layer_entry=entry)
+    # a pipeline splits its stack over pipe, and the unstacked parameters too (where a
+    # dimension divides): each stage stores 1/p of them (pipeline/step.py gathers them)
+    split = {"layer_entry": entry, "rest_axis": entry}
+    plain = tree_shardings(abstract_params, layout, **split)
+    zero = tree_shardings(abstract_params, layout, zero_axis="data", **split)
     params = zero if stage == 3 else plain
     abstract_opt = jax.eval_shape(tx.init, abstract_params)
     zero_axis = "data" if stage >= 1 else None
-    opt = tree_shardings(abstract_opt, layout, zero_axis=zero_axis, layer_entry=entry)
+    opt = tree_shardings(abstract_opt, layout, zero_axis=zero_axis, **split)
     return {
         "grad_shardings": zero if stage >= 2 else plain,
         "device_param_shardings": params,
