@@ -224,14 +224,32 @@ class _StageProgram:
             y, pullback, saved = jax.vjp(taped, params, x, probes, has_aux=True)
         leaves, tree = jax.tree.flatten(pullback)
         # residuals that are the chunk's own parameters are not stored per microbatch: the
-        # backward takes them from the stack, which no tick changes
-        where = {id(a): i for i, a in enumerate(jax.tree.leaves(params))}
+        # backward takes them from the stack, which no tick changes; split, the scan of the
+        # layers also keeps its zero probes (its scanned inputs), which the backward rebuilds
+        where = {id(a): ("param", i) for i, a in enumerate(jax.tree.leaves(params))}
+        if self.split:
+            where |= {id(a): ("zero", i) for i, a in enumerate(jax.tree.leaves(probes))}
         from_params = tuple(where.get(id(leaf)) for leaf in leaves)
         if self._res_tree and self._res_tree[1] != from_params:
             raise AssertionError("a chunk's residuals changed between traces")
         self._res_tree[:] = [tree, from_params]
         stored = [leaf for leaf, k in zip(leaves, from_params, strict=True) if k is None]
         return y, stored, jax.tree.leaves(saved)
+
+    def _residuals(self, ins, row, v):
+        """The chunk's ``vjp`` residuals for the backward of ``row``: the stored ones from their
+        slot, the parameters from the stack, the zero probes made anew."""
+        stored = iter([_read(b, row[COL["residual_slot"]]) for b in ins["res"]])
+        params = jax.tree.leaves(self.chunk_params(v))
+        probes = jax.tree.leaves(self.probe_sds) if self.split else []
+
+        def one(k):
+            if k is None:
+                return next(stored)
+            kind, i = k
+            return params[i] if kind == "param" else _zeros(probes[i].shape, probes[i])
+
+        return [one(k) for k in self._res_tree[1]]
 
     def as_act(self, x):
         """``x`` typed as the activation (the embedding's and every chunk output's type)."""
@@ -307,10 +325,7 @@ class _StageProgram:
         """The fused backward, or split (B): the input gradient, the non-linear parameters'
         gradients and, into a weight-gradient slot, every linear's output gradient."""
         mb, v = row[COL["microbatch"]], row[COL["chunk"]]
-        stored = iter([_read(b, row[COL["residual_slot"]]) for b in ins["res"]])
-        params = jax.tree.leaves(self.chunk_params(v))
-        leaves = [next(stored) if k is None else params[k] for k in self._res_tree[1]]
-        pullback = jax.tree.unflatten(self._res_tree[0], leaves)
+        pullback = jax.tree.unflatten(self._res_tree[0], self._residuals(ins, row, v))
         cotangents = pullback(ins["grad"])
         d_params, dx = cotangents[0], cotangents[1]
         dx = self.as_act(dx)
