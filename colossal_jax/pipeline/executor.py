@@ -47,6 +47,7 @@ are nonzero).
 from __future__ import annotations
 
 import functools
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -98,6 +99,90 @@ def _in_stage_branches(fn: Callable) -> Callable:
             return fn(*args, **kwargs)
 
     return wrapped
+
+
+class _Records:
+    """A split backward's per-microbatch-chunk state in one **record** slot from its F to its
+    W (:func:`colossal_jax.pipeline.schedule.build`'s ``saved`` records): the linears' saved
+    inputs, the chunk's residuals until its B, and from the B, in the residuals' place, the
+    linears' output gradients until the W. The leaves are packed flat into one buffer per
+    (dtype, varying axes) group, ``[records, saved + max(residuals, output gradients)]``, so a
+    record costs the larger of what it holds before and after its B — the 1F1B residual set
+    whenever the output gradients are no larger than the residuals — not the sum."""
+
+    KINDS = ("saved", "res", "wgrad")
+
+    def __init__(self, saved: list, res: list, wgrad: list):
+        self.groups: dict[tuple, dict[str, list]] = {}
+        for kind, leaves in zip(self.KINDS, (saved, res, wgrad), strict=True):
+            for i, a in enumerate(leaves):
+                key = (jnp.dtype(a.dtype), tuple(sorted(varying_axes_of(a))))
+                group = self.groups.setdefault(key, {k: [] for k in self.KINDS})
+                group[kind].append((i, tuple(a.shape), a))
+        self.width, self.offset = {}, {}
+        for key, group in self.groups.items():
+            size = {k: sum(math.prod(shape) for _, shape, _ in group[k]) for k in self.KINDS}
+            self.offset[key] = size["saved"]
+            self.width[key] = size["saved"] + max(size["res"], size["wgrad"])
+        self.counts = {k: len(v) for k, v in zip(self.KINDS, (saved, res, wgrad), strict=True)}
+
+    def empty(self, n: int) -> list[jax.Array]:
+        return [_zeros((n, self.width[key]), self._like(key)) for key in self.groups]
+
+    def _like(self, key):
+        group = self.groups[key]
+        return next(a for k in self.KINDS for _, _, a in group[k])
+
+    def _flat(self, key, kind: str, leaves: list) -> list[jax.Array]:
+        return [leaves[i].reshape(-1) for i, _, _ in self.groups[key][kind]]
+
+    def pack_forward(self, saved: list, res: list) -> list[jax.Array]:
+        """Each group's row after an F: saved inputs, then residuals (then padding)."""
+        rows = []
+        for key in self.groups:
+            parts = self._flat(key, "saved", saved) + self._flat(key, "res", res)
+            pad = self.width[key] - sum(p.shape[0] for p in parts)
+            rows.append(jnp.concatenate(parts + [_zeros((pad,), self._like(key))]))
+        return rows
+
+    def pack_backward(self, wgrad: list) -> list[jax.Array]:
+        """Each group's tail after a B: the output gradients (then padding), written from the
+        group's offset over the residuals."""
+        rows = []
+        for key in self.groups:
+            parts = self._flat(key, "wgrad", wgrad)
+            pad = self.width[key] - self.offset[key] - sum(p.shape[0] for p in parts)
+            rows.append(jnp.concatenate(parts + [_zeros((pad,), self._like(key))]))
+        return rows
+
+    def unpack(self, bufs: list[jax.Array], slot: jax.Array, kind: str) -> list[jax.Array]:
+        """The leaves of ``kind`` (in their original order) from record ``slot``."""
+        out: list[Any] = [None] * self.counts[kind]
+        for key, buf in zip(self.groups, bufs, strict=True):
+            group = self.groups[key][kind]
+            if not group:
+                continue
+            row = _read(buf, slot)
+            at = 0 if kind == "saved" else self.offset[key]
+            for i, shape, _ in group:
+                n = math.prod(shape)
+                out[i] = row[at : at + n].reshape(shape)
+                at += n
+        return out
+
+    def store(self, bufs, forward_at, backward_at, out) -> list[jax.Array]:
+        """``bufs`` after a tick: an F's row written whole at ``forward_at``, a B's tail at
+        ``backward_at`` (``-1``: not this tick)."""
+        fwd = self.pack_forward(out["saved"], out["res"])
+        bwd = self.pack_backward(out["wgrad"])
+        new = []
+        for key, buf, f, b in zip(self.groups, bufs, fwd, bwd, strict=True):
+            buf = _write_if(buf, forward_at, f)
+            at = jnp.maximum(backward_at, 0)
+            old = jax.lax.dynamic_slice(buf, (at, self.offset[key]), (1, b.shape[0]))[0]
+            b = jnp.where(backward_at >= 0, b, old)
+            new.append(jax.lax.dynamic_update_slice(buf, b[None], (at, self.offset[key])))
+        return new
 
 
 @dataclass(frozen=True)
@@ -160,18 +245,21 @@ class _StageProgram:
                 "shape, dtype and the mesh axes it varies over"
             )
         slots = schedule.slots
+        self.res_sds = res_sds
         self.start = {
             "act": _zeros((slots["activation"], *x_sds.shape), x_sds),
             "grad": _zeros((max(1, slots["gradient"]), *x_sds.shape), x_sds),
-            "res": [_zeros((slots["residual"], *r.shape), r) for r in res_sds],
             "d_stack": jax.tree.map(lambda a: _zeros(a.shape, a), stack),
             "d_rest": jax.tree.map(lambda a: _zeros(a.shape, a), rest),
             "loss": varying(jnp.zeros((), jnp.float32), (PIPE,)),
         }
-        if self.split:
-            saved, probes = jax.tree.leaves(self.saved_sds), jax.tree.leaves(self.probe_sds)
-            self.start["saved"] = [_zeros((slots["saved"], *a.shape), a) for a in saved]
-            self.start["wgrad"] = [_zeros((slots["wgrad"], *a.shape), a) for a in probes]
+        if self.split:  # residuals, saved inputs and output gradients share records
+            self.records = _Records(
+                jax.tree.leaves(self.saved_sds), res_sds, jax.tree.leaves(self.probe_sds)
+            )
+            self.start["rec"] = self.records.empty(slots["saved"])
+        else:
+            self.start["res"] = [_zeros((slots["residual"], *r.shape), r) for r in res_sds]
         self.zeros_msg = _zeros(x_sds.shape, x_sds)
 
     def _record_tape(self, params, pos) -> None:
@@ -239,7 +327,11 @@ class _StageProgram:
     def _residuals(self, ins, row, v):
         """The chunk's ``vjp`` residuals for the backward of ``row``: the stored ones from their
         slot, the parameters from the stack, the zero probes made anew."""
-        stored = iter([_read(b, row[COL["residual_slot"]]) for b in ins["res"]])
+        slot = row[COL["residual_slot"]]
+        if self.split:
+            stored = iter(self.records.unpack(ins["rec"], slot, "res"))
+        else:
+            stored = iter([_read(b, slot) for b in ins["res"]])
         params = jax.tree.leaves(self.chunk_params(v))
         probes = jax.tree.leaves(self.probe_sds) if self.split else []
 
@@ -268,15 +360,15 @@ class _StageProgram:
         would cost more than the copy)."""
         out = {
             "msg": self.zeros_msg,
-            "res": [_zeros(b.shape[1:], b) for b in self.start["res"]],
+            "res": [_zeros(r.shape, r) for r in self.res_sds],
             "grad": self.zeros_msg,
             "d_chunk": jax.tree.map(lambda a: _zeros(a.shape, a), self.chunk_params(0)),
             "d_rest": ins["d_rest"],
             "loss": varying(jnp.zeros((), jnp.float32), (PIPE,)),
         }
         if self.split:
-            out["saved"] = [_zeros(b.shape[1:], b) for b in self.start["saved"]]
-            out["wgrad"] = [_zeros(b.shape[1:], b) for b in self.start["wgrad"]]
+            out["saved"] = [_zeros(a.shape, a) for a in jax.tree.leaves(self.saved_sds)]
+            out["wgrad"] = [_zeros(a.shape, a) for a in jax.tree.leaves(self.probe_sds)]
         return out
 
     def reads(self, c, row) -> dict[str, Any]:
@@ -285,12 +377,10 @@ class _StageProgram:
         (handed in whole: a slot read before the switch would be a slot-sized temporary)."""
         ins = {
             "x": _read(c["act"], row[COL["input_slot"]]),
-            "res": c["res"],
             "grad": _read(c["grad"], row[COL["grad_slot"]]),
             "d_rest": c["d_rest"],
         }
-        if self.split:
-            ins["saved"], ins["wgrad"] = c["saved"], c["wgrad"]
+        ins["rec" if self.split else "res"] = c["rec" if self.split else "res"]
         return ins
 
     def forward(self, ins, row, *, embed_input: bool = False, head: bool = False):
@@ -344,11 +434,11 @@ class _StageProgram:
         mb, v = row[COL["microbatch"]], row[COL["chunk"]]
         saved = jax.tree.unflatten(
             jax.tree.structure(self.saved_sds),
-            [_read(b, row[COL["saved_slot"]]) for b in ins["saved"]],
+            self.records.unpack(ins["rec"], row[COL["saved_slot"]], "saved"),
         )
         dys = jax.tree.unflatten(
             jax.tree.structure(self.probe_sds),
-            [_read(b, row[COL["wgrad_slot"]]) for b in ins["wgrad"]],
+            self.records.unpack(ins["rec"], row[COL["wgrad_slot"]], "wgrad"),
         )
         pos = self.batch.positions[mb]
 
@@ -393,21 +483,16 @@ class _StageProgram:
         res_at = only(op == FORWARD, row[COL["residual_slot"]])
         c = dict(
             c,
-            res=[_write_if(b, res_at, a) for b, a in zip(c["res"], out["res"], strict=True)],
             grad=_write_if(c["grad"], only(head, row[COL["grad_slot"]]), out["grad"]),
             d_stack=self.add_chunk_grad(c["d_stack"], v, out["d_chunk"]),
             d_rest=out["d_rest"],
             loss=c["loss"] + out["loss"],
         )
         if self.split:
-            saved_at = only(op == FORWARD, row[COL["saved_slot"]])
             wgrad_at = only(op == BACKWARD, row[COL["wgrad_slot"]])
-            c["saved"] = [
-                _write_if(b, saved_at, a) for b, a in zip(c["saved"], out["saved"], strict=True)
-            ]
-            c["wgrad"] = [
-                _write_if(b, wgrad_at, a) for b, a in zip(c["wgrad"], out["wgrad"], strict=True)
-            ]
+            c["rec"] = self.records.store(c["rec"], res_at, wgrad_at, out)
+        else:
+            c["res"] = [_write_if(b, res_at, a) for b, a in zip(c["res"], out["res"], strict=True)]
         return c
 
     def tick_fn(self, stage: jax.Array) -> Callable:
@@ -491,4 +576,3 @@ def run_pipeline(
     carry, _ = jax.lax.scan(program.tick_fn(stage), program.start, jnp.asarray(schedule.table))
     loss = jax.lax.psum(carry["loss"], PIPE)
     return loss, carry["d_stack"], carry["d_rest"]
-

@@ -126,7 +126,10 @@ class Schedule:
       timeline: ``timeline[t][s]`` is the :class:`Op` stage ``s`` runs at tick ``t`` (or None).
       table: ``int32 [T, p, len(COLUMNS)]``, what the executor indexes (see ``COLUMNS``).
       slots: how many residual, activation-inbox, gradient-inbox, saved-input and
-        weight-gradient slots each stage allocates.
+        weight-gradient slots each stage allocates. With a split backward the residuals, saved
+        inputs and weight gradients share one **record** per microbatch-chunk, from its F to
+        its W (``saved`` records; the output gradients take the residuals' place at the B), and
+        ``residual``/``wgrad`` count only how many of each are alive at once.
       peak_alive: per stage, the most microbatch-chunks whose residuals were alive at once
         (with a split backward: whose saved inputs, kept until the W).
     """
@@ -436,19 +439,25 @@ def _fill_cell(cell, op: Op, pools, s: int, last: int, split: bool, p: int, v: i
     cell[COL["microbatch"]] = op.microbatch
     cell[COL["chunk"]] = place(op.chunk, p, v, placement)[1]
     key = (op.microbatch, op.chunk)
+    # split: one *record* per (microbatch, chunk) from its F to its W — the saved-input pool's
+    # slot — holds the linears' inputs, the residuals until the B and then, in the residuals'
+    # place, the output gradients; the residual and weight-gradient pools only count how many
+    # of each are alive at once
     if op.kind == FORWARD:
         if op.chunk > 0:
             cell[COL["input_slot"]] = pools["act"][s].free(key)
         cell[COL["residual_slot"]] = pools["res"][s].take(key)
         if split:
-            cell[COL["saved_slot"]] = pools["saved"][s].take(key)
+            cell[COL["saved_slot"]] = cell[COL["residual_slot"]] = pools["saved"][s].take(key)
         if op.chunk == last:  # the loss head's gradient waits for this chunk's backward
             cell[COL["grad_slot"]] = pools["grad"][s].take(key)
     elif op.kind == BACKWARD:
         cell[COL["residual_slot"]] = pools["res"][s].free(key)
         cell[COL["grad_slot"]] = pools["grad"][s].free(key)
         if split:
-            cell[COL["wgrad_slot"]] = pools["wgrad"][s].take(key)
+            pools["wgrad"][s].take(key)
+            record = pools["saved"][s].at[key]
+            cell[COL["residual_slot"]] = cell[COL["wgrad_slot"]] = record
     else:
-        cell[COL["saved_slot"]] = pools["saved"][s].free(key)
-        cell[COL["wgrad_slot"]] = pools["wgrad"][s].free(key)
+        pools["wgrad"][s].free(key)
+        cell[COL["saved_slot"]] = cell[COL["wgrad_slot"]] = pools["saved"][s].free(key)
