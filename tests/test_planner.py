@@ -82,14 +82,36 @@ def test_pipeline_bubble_per_schedule():
     inter = dataclasses.replace(par, pipeline="interleaved", virtual_stages=2)
     cfg = dataclasses.replace(base, parallel=inter, model_overrides={"n_layer": 4})
     assert cost.bubble(resolve(cfg, 4)) == pytest.approx(1 / 8)
+    # the zero-bubble schedules: a third of the fused schedule's (the unit tick tables), ZB-H1
+    # holding more microbatches' activations than 1F1B
+    zb = resolve(dataclasses.replace(base, parallel=dataclasses.replace(par, pipeline="zb-h1")), 4)
+    assert cost.bubble(zb) == pytest.approx(1 / 12)
+    assert cost.memory_terms(zb)["pipe_kept"] > cost.memory_terms(plan)["pipe_kept"]
+    zbv = dataclasses.replace(inter, pipeline="zb-v")
+    cfg = dataclasses.replace(base, parallel=zbv, model_overrides={"n_layer": 4})
+    assert cost.bubble(resolve(cfg, 4)) == pytest.approx(1 / 24)
 
 
 def test_impossible_request_is_one_line_and_exit_2_quickly():
     t0 = time.perf_counter()
     out = subprocess.run(
-        [sys.executable, str(ROOT / "scripts" / "plan.py"), "--model", "gpt3-175b", "--devices",
-         "8", "--device", "h100", "--batch-size", "1536", "--seq-len", "2048"],
-        capture_output=True, text=True, timeout=60,
+        [
+            sys.executable,
+            str(ROOT / "scripts" / "plan.py"),
+            "--model",
+            "gpt3-175b",
+            "--devices",
+            "8",
+            "--device",
+            "h100",
+            "--batch-size",
+            "1536",
+            "--seq-len",
+            "2048",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
         env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)},
     )
     elapsed = time.perf_counter() - t0
@@ -120,8 +142,21 @@ def test_written_preset_trains_unchanged(tmp_path, capsys):
     assert "[mesh]" in text and "[train]" in text
     sizes = parse_mesh(str(out), 8)
     assert sizes["data"] * sizes.get("pipe", 1) * sizes.get("seq", 1) >= 1
-    code = main(["--mesh", str(out), "--steps", "2", "--seq-len", "64", "--batch-size", "16",
-                 "--eval-every", "0", "--no-progress"])
+    code = main(
+        [
+            "--mesh",
+            str(out),
+            "--steps",
+            "2",
+            "--seq-len",
+            "64",
+            "--batch-size",
+            "16",
+            "--eval-every",
+            "0",
+            "--no-progress",
+        ]
+    )
     assert code == 0
     printed = capsys.readouterr()
     assert "done: steps 0->2" in printed.out + printed.err

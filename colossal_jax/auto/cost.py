@@ -10,7 +10,8 @@ Everything is derived from the model's dimensions and the plan, in closed form (
   measured rate.
 - **Pipeline bubble.** ``(p − 1) / (M·V)`` of the compute for GPipe, 1F1B (PipeDream-Flush; the
   same bubble as GPipe, fewer microbatches in flight) and interleaved 1F1B (V chunks per stage,
-  Narayanan et al. 2021), ``M`` counting the accumulation's microbatches too.
+  Narayanan et al. 2021), ``M`` counting the accumulation's microbatches too; a third of that
+  for ZB-H1 and ZB-V (Qi et al. 2024; F, B and W taken as equal).
 - **Communication**, bytes received per device per step on each mesh axis, by the formulas of
   docs/formulas.md: tensor (:mod:`colossal_jax.tensor.cost`, every layer of the stage, every
   microbatch), sequence (:mod:`colossal_jax.sequence.cost`), pipeline (one activation forward
@@ -28,7 +29,8 @@ Everything is derived from the model's dimensions and the plan, in closed form (
   step copies it in whole), a 16-bit copy of the parameters under bf16/fp16, ZeRO-3's gathered
   layer, the activations each remat policy keeps (per layer and token, below) for the
   microbatches in flight (1 without a pipeline, ``M`` for GPipe, ``p`` for 1F1B, ``p·(1 +
-  (p−1)/(p·V))`` interleaved), the logits and their gradient, and a fixed per-device overhead.
+  (p−1)/(p·V))`` interleaved and ZB-V, ``(2p − 1)·4/3`` ZB-H1), the logits and their gradient,
+  and a fixed per-device overhead.
 """
 
 from __future__ import annotations
@@ -147,12 +149,26 @@ def flops(plan: Plan) -> tuple[float, float]:
     return model, model * (1 + extra) / plan.n_devices
 
 
+ZERO_BUBBLE_SHARE = {"zb-h1": 1 / 3, "zb-v": 1 / 3}
+"""A zero-bubble schedule's bubble against the fused schedule with its chunks: ZB-H1 ``p − 1``
+unit ticks against 1F1B's ``3(p − 1)``, ZB-V ``p − 1`` half-size ticks against interleaved
+(``V = 2``)'s ``3(p − 1)`` (the tick tables with F, B and W one tick each, docs/
+pipeline_parallel.md; B and W cost about the same when the linears dominate)."""
+
+ZB_H1_RECORD = 4 / 3
+"""A split backward's record (a linear's inputs kept to its W, the residuals of its B) against
+the fused backward's residual set, measured on the bench GPT (6.0 against 4.5 MiB per
+microbatch-chunk, docs/pipeline_parallel.md)."""
+
+
 def bubble(plan: Plan) -> float:
-    """The pipeline bubble as a fraction of the compute: ``(p − 1) / (M·V)``."""
+    """The pipeline bubble as a fraction of the compute: ``(p − 1) / (M·V)``, a third of it for
+    the zero-bubble schedules (:data:`ZERO_BUBBLE_SHARE`)."""
     p = plan.config.parallel.pipe
     if p == 1:
         return 0.0
-    return (p - 1) / (plan.schedule_microbatches * plan.virtual_stages)
+    fused = (p - 1) / (plan.schedule_microbatches * plan.virtual_stages)
+    return fused * ZERO_BUBBLE_SHARE.get(plan.pipeline, 1.0)
 
 
 def _tokens_per_microbatch(plan: Plan) -> float:
@@ -368,6 +384,8 @@ def _in_flight(plan: Plan) -> float:
     m = plan.schedule_microbatches
     if plan.pipeline == "gpipe":
         return float(m)
+    if plan.pipeline == "zb-h1":  # its order keeps up to 2p − 1 records on stage 0
+        return min(2 * p - 1, m) * ZB_H1_RECORD
     if plan.virtual_stages > 1:
         return min(m * plan.virtual_stages, p * (1 + (p - 1) / (p * plan.virtual_stages)))
     return float(min(p, m))
