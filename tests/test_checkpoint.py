@@ -4,6 +4,7 @@ import dataclasses
 import shutil
 
 import numpy as np
+import pytest
 
 from colossal_jax.training.trainer import train
 from tests.helpers import losses, tiny_config
@@ -82,6 +83,14 @@ def test_a_chunk_ordered_pipeline_saves_and_returns_model_order(tmp_path):
     inter = four(tiny_config(**base, **pipe, pipeline="interleaved", zero=1))
     got = _quiet(dataclasses.replace(inter, offload="optimizer", **ckpt))
     np.testing.assert_allclose(got.losses, full.losses, rtol=1e-5)
+    # the held-out loss of the stored (chunk-ordered) state, during training and from outside
+    assert got.eval_losses and len(got.eval_losses) == len(full.eval_losses)
+    np.testing.assert_allclose(
+        [v for _, v in got.eval_losses], [v for _, v in full.eval_losses], rtol=1e-5
+    )
+    from colossal_jax.training.evaluation import evaluate
+
+    assert evaluate(got.run, got.params) == pytest.approx(full.final_eval_loss, rel=1e-5)
     for a, b in zip(jax.tree.leaves(got.params), jax.tree.leaves(full.params), strict=True):
         np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-4, atol=1e-6)
     shutil.rmtree(tmp_path / "8")
