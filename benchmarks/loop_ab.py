@@ -42,6 +42,7 @@ def main(argv: list[str] | None = None) -> int:
     jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
     from colossal_jax.training.batches import global_batch
     from colossal_jax.training.run import build, init_state
+    from colossal_jax.training.stack_order import to_stored
     from colossal_jax.training.steps import make_train_step
 
     n_dev = args.devices or jax.device_count()
@@ -52,7 +53,7 @@ def main(argv: list[str] | None = None) -> int:
 
     def make():
         run = build(cfg)
-        params, opt_state = init_state(run)
+        params, opt_state = to_stored(run, *init_state(run))
         step = make_train_step(run).lower(params, opt_state, global_batch(run, 0))
         return run, [params, opt_state], step.compile()
 

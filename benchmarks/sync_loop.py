@@ -24,6 +24,7 @@ from colossal_jax.runtime.metrics import device_memory
 from colossal_jax.training.batches import global_batch
 from colossal_jax.training.optim import schedule
 from colossal_jax.training.run import Run, build, init_state
+from colossal_jax.training.stack_order import to_stored
 from colossal_jax.training.steps import make_train_step
 
 
@@ -109,7 +110,7 @@ def sync_train(cfg: TrainConfig, peak_flops: float | None = None) -> LoopTiming:
     set-up as a ``train()`` window, so both loops start on a fresh executable and fresh
     arrays."""
     run = build(cfg)
-    params, opt_state = init_state(run)
+    params, opt_state = to_stored(run, *init_state(run))
     compiled = make_train_step(run).lower(params, opt_state, global_batch(run, 0)).compile()
     return sync_loop(
         run, compiled, params, opt_state, start=0, steps=cfg.steps, peak_flops=peak_flops
