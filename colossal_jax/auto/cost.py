@@ -111,8 +111,12 @@ def params_per_device(plan: Plan) -> float:
     over ``pipe``, the rest (embeddings, final norm, head) split by the tensor mode only, since
     every pipeline stage gathers it whole for the step (:mod:`colossal_jax.pipeline.step`)."""
     par = plan.config.parallel
-    n, stack = plan.param_count, stack_params(plan.model)
-    return (stack / par.pipe + (n - stack)) / param_split(par)
+    return stored_params_per_device(plan) + rest_params_per_device(plan) * (1 - 1 / par.pipe)
+
+
+def rest_params_per_device(plan: Plan) -> float:
+    """The embeddings, final norm and head one device computes with: split by the tensor mode."""
+    return (plan.param_count - stack_params(plan.model)) / param_split(plan.config.parallel)
 
 
 def stored_params_per_device(plan: Plan) -> float:
@@ -344,8 +348,7 @@ def memory_terms(plan: Plan) -> dict[str, float]:
     state = 4 * stored / over(3) + 4 * stored * slots / over(1)
     grads = 4 * n / over(2)
     if par.pipelined:  # the rest gathered whole over pipe for the step, in the compute dtype
-        rest = plan.param_count - stack_params(plan.model)
-        grads += _act_bytes(plan) * rest / param_split(par)
+        grads += _act_bytes(plan) * rest_params_per_device(plan)
     if plan.grad_accum > 1 and plan.zero < 2:
         grads += 4 * n / over(2)
     if plan.precision != "fp32":  # the 16-bit parameter copy, the 16-bit gradient before its cast

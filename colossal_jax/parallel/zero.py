@@ -92,8 +92,9 @@ def leftovers(tree: Any, layout: TensorLayout, *, layer_entry: str | None = None
     return out
 
 
-def _map(f, tree: Any, dims: Any, extra: Any = None) -> Any:
-    """``f(leaf, dim, stacked)`` over the Variables of ``tree`` with their ZeRO dims; with
+def map_dims(f, tree: Any, dims: Any, extra: Any = None) -> Any:
+    """``f(leaf, dim, stacked)`` over the Variables of ``tree`` with their dims (ZeRO's, or the
+    one ``pipe`` splits: :mod:`colossal_jax.pipeline.step`); with
     ``extra`` (a tree of axis tuples), ``f(leaf, dim, stacked, axes)``."""
 
     def one(v, d, ax=None):
@@ -139,7 +140,7 @@ def enter(params: Any, dims: Any, stage: int, extra: Any = None) -> Any:
             a = varying(a, (AXIS,))
         return varying(a, ax)
 
-    return _map(one, params, dims, extra)
+    return map_dims(one, params, dims, extra)
 
 
 def gather(a: jax.Array, dim: int) -> jax.Array:
@@ -149,7 +150,9 @@ def gather(a: jax.Array, dim: int) -> jax.Array:
 
 def gather_rest(params: Any, dims: Any) -> Any:
     """Stage 3: the whole unstacked parameters (embedding, norms, head) from their shards."""
-    return _map(lambda a, d, stacked: a if (d is None or stacked) else gather(a, d), params, dims)
+    return map_dims(
+        lambda a, d, stacked: a if (d is None or stacked) else gather(a, d), params, dims
+    )
 
 
 def gather_layer(layer_dims: list[int | None]):
@@ -201,4 +204,4 @@ def reduce(grads: Any, dims: Any, stage: int, extra: Any = None) -> Any:
             return jax.lax.psum_scatter(g, AXIS, scatter_dimension=d, tiled=True)
         return g
 
-    return _map(one, grads, dims, extra)
+    return map_dims(one, grads, dims, extra)

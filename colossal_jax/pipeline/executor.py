@@ -47,7 +47,6 @@ are nonzero).
 from __future__ import annotations
 
 import functools
-import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -57,6 +56,7 @@ import jax.numpy as jnp
 
 from colossal_jax.layers.linear_tape import chunk_tape
 from colossal_jax.pipeline.schedule import BACKWARD, COL, FORWARD, SEND_DOWN, SEND_UP, Schedule
+from colossal_jax.pipeline.slots import Records, read, write_if, zeros
 from colossal_jax.tensor.kernels import varying, varying_axes_of
 from colossal_jax.tensor.layout import per_stage_branches
 
@@ -71,25 +71,6 @@ HeadFn = Callable[[Any, jax.Array, jax.Array, jax.Array], tuple[jax.Array, jax.A
 token axes (replicated within the stage)."""
 
 
-def _zeros(shape: tuple[int, ...], like) -> jax.Array:
-    """Zeros of ``shape`` with the dtype of ``like``, varying over the same mesh axes."""
-    return varying(jnp.zeros(shape, like.dtype), tuple(sorted(varying_axes_of(like))))
-
-
-def _read(buf: jax.Array, slot: jax.Array) -> jax.Array:
-    return jax.lax.dynamic_index_in_dim(buf, jnp.maximum(slot, 0), 0, keepdims=False)
-
-
-def _write(buf: jax.Array, slot: jax.Array, value: jax.Array) -> jax.Array:
-    return jax.lax.dynamic_update_index_in_dim(buf, value, jnp.maximum(slot, 0), 0)
-
-
-def _write_if(buf: jax.Array, slot: jax.Array, value: jax.Array) -> jax.Array:
-    """Store ``value`` at ``slot`` unless ``slot < 0`` (then the buffer is unchanged)."""
-    keep = _read(buf, slot)
-    return _write(buf, slot, jnp.where(slot >= 0, value, keep))
-
-
 def _in_stage_branches(fn: Callable) -> Callable:
     """Trace ``fn`` with every kernel told it runs inside per-stage branches."""
 
@@ -99,90 +80,6 @@ def _in_stage_branches(fn: Callable) -> Callable:
             return fn(*args, **kwargs)
 
     return wrapped
-
-
-class _Records:
-    """A split backward's per-microbatch-chunk state in one **record** slot from its F to its
-    W (:func:`colossal_jax.pipeline.schedule.build`'s ``saved`` records): the linears' saved
-    inputs, the chunk's residuals until its B, and from the B, in the residuals' place, the
-    linears' output gradients until the W. The leaves are packed flat into one buffer per
-    (dtype, varying axes) group, ``[records, saved + max(residuals, output gradients)]``, so a
-    record costs the larger of what it holds before and after its B — the 1F1B residual set
-    whenever the output gradients are no larger than the residuals — not the sum."""
-
-    KINDS = ("saved", "res", "wgrad")
-
-    def __init__(self, saved: list, res: list, wgrad: list):
-        self.groups: dict[tuple, dict[str, list]] = {}
-        for kind, leaves in zip(self.KINDS, (saved, res, wgrad), strict=True):
-            for i, a in enumerate(leaves):
-                key = (jnp.dtype(a.dtype), tuple(sorted(varying_axes_of(a))))
-                group = self.groups.setdefault(key, {k: [] for k in self.KINDS})
-                group[kind].append((i, tuple(a.shape), a))
-        self.width, self.offset = {}, {}
-        for key, group in self.groups.items():
-            size = {k: sum(math.prod(shape) for _, shape, _ in group[k]) for k in self.KINDS}
-            self.offset[key] = size["saved"]
-            self.width[key] = size["saved"] + max(size["res"], size["wgrad"])
-        self.counts = {k: len(v) for k, v in zip(self.KINDS, (saved, res, wgrad), strict=True)}
-
-    def empty(self, n: int) -> list[jax.Array]:
-        return [_zeros((n, self.width[key]), self._like(key)) for key in self.groups]
-
-    def _like(self, key):
-        group = self.groups[key]
-        return next(a for k in self.KINDS for _, _, a in group[k])
-
-    def _flat(self, key, kind: str, leaves: list) -> list[jax.Array]:
-        return [leaves[i].reshape(-1) for i, _, _ in self.groups[key][kind]]
-
-    def pack_forward(self, saved: list, res: list) -> list[jax.Array]:
-        """Each group's row after an F: saved inputs, then residuals (then padding)."""
-        rows = []
-        for key in self.groups:
-            parts = self._flat(key, "saved", saved) + self._flat(key, "res", res)
-            pad = self.width[key] - sum(p.shape[0] for p in parts)
-            rows.append(jnp.concatenate(parts + [_zeros((pad,), self._like(key))]))
-        return rows
-
-    def pack_backward(self, wgrad: list) -> list[jax.Array]:
-        """Each group's tail after a B: the output gradients (then padding), written from the
-        group's offset over the residuals."""
-        rows = []
-        for key in self.groups:
-            parts = self._flat(key, "wgrad", wgrad)
-            pad = self.width[key] - self.offset[key] - sum(p.shape[0] for p in parts)
-            rows.append(jnp.concatenate(parts + [_zeros((pad,), self._like(key))]))
-        return rows
-
-    def unpack(self, bufs: list[jax.Array], slot: jax.Array, kind: str) -> list[jax.Array]:
-        """The leaves of ``kind`` (in their original order) from record ``slot``."""
-        out: list[Any] = [None] * self.counts[kind]
-        for key, buf in zip(self.groups, bufs, strict=True):
-            group = self.groups[key][kind]
-            if not group:
-                continue
-            row = _read(buf, slot)
-            at = 0 if kind == "saved" else self.offset[key]
-            for i, shape, _ in group:
-                n = math.prod(shape)
-                out[i] = row[at : at + n].reshape(shape)
-                at += n
-        return out
-
-    def store(self, bufs, forward_at, backward_at, out) -> list[jax.Array]:
-        """``bufs`` after a tick: an F's row written whole at ``forward_at``, a B's tail at
-        ``backward_at`` (``-1``: not this tick)."""
-        fwd = self.pack_forward(out["saved"], out["res"])
-        bwd = self.pack_backward(out["wgrad"])
-        new = []
-        for key, buf, f, b in zip(self.groups, bufs, fwd, bwd, strict=True):
-            buf = _write_if(buf, forward_at, f)
-            at = jnp.maximum(backward_at, 0)
-            old = jax.lax.dynamic_slice(buf, (at, self.offset[key]), (1, b.shape[0]))[0]
-            b = jnp.where(backward_at >= 0, b, old)
-            new.append(jax.lax.dynamic_update_slice(buf, b[None], (at, self.offset[key])))
-        return new
 
 
 @dataclass(frozen=True)
@@ -247,20 +144,20 @@ class _StageProgram:
         slots = schedule.slots
         self.res_sds = res_sds
         self.start = {
-            "act": _zeros((slots["activation"], *x_sds.shape), x_sds),
-            "grad": _zeros((max(1, slots["gradient"]), *x_sds.shape), x_sds),
-            "d_stack": jax.tree.map(lambda a: _zeros(a.shape, a), stack),
-            "d_rest": jax.tree.map(lambda a: _zeros(a.shape, a), rest),
+            "act": zeros((slots["activation"], *x_sds.shape), x_sds),
+            "grad": zeros((max(1, slots["gradient"]), *x_sds.shape), x_sds),
+            "d_stack": jax.tree.map(lambda a: zeros(a.shape, a), stack),
+            "d_rest": jax.tree.map(lambda a: zeros(a.shape, a), rest),
             "loss": varying(jnp.zeros((), jnp.float32), (PIPE,)),
         }
         if self.split:  # residuals, saved inputs and output gradients share records
-            self.records = _Records(
+            self.records = Records(
                 jax.tree.leaves(self.saved_sds), res_sds, jax.tree.leaves(self.probe_sds)
             )
             self.start["rec"] = self.records.empty(slots["saved"])
         else:
-            self.start["res"] = [_zeros((slots["residual"], *r.shape), r) for r in res_sds]
-        self.zeros_msg = _zeros(x_sds.shape, x_sds)
+            self.start["res"] = [zeros((slots["residual"], *r.shape), r) for r in res_sds]
+        self.zeros_msg = zeros(x_sds.shape, x_sds)
 
     def _record_tape(self, params, pos) -> None:
         """The shapes of every linear call's input (saved for W) and outputs (probed in B)."""
@@ -308,7 +205,7 @@ class _StageProgram:
                     out = self.chunk_fn(prm, xx, pos)
                 return out, tape.outputs
 
-            probes = jax.tree.map(lambda a: _zeros(a.shape, a), self.probe_sds)
+            probes = jax.tree.map(lambda a: zeros(a.shape, a), self.probe_sds)
             y, pullback, saved = jax.vjp(taped, params, x, probes, has_aux=True)
         leaves, tree = jax.tree.flatten(pullback)
         # residuals that are the chunk's own parameters are not stored per microbatch: the
@@ -331,7 +228,7 @@ class _StageProgram:
         if self.split:
             stored = iter(self.records.unpack(ins["rec"], slot, "res"))
         else:
-            stored = iter([_read(b, slot) for b in ins["res"]])
+            stored = iter([read(b, slot) for b in ins["res"]])
         params = jax.tree.leaves(self.chunk_params(v))
         probes = jax.tree.leaves(self.probe_sds) if self.split else []
 
@@ -339,7 +236,7 @@ class _StageProgram:
             if k is None:
                 return next(stored)
             kind, i = k
-            return params[i] if kind == "param" else _zeros(probes[i].shape, probes[i])
+            return params[i] if kind == "param" else zeros(probes[i].shape, probes[i])
 
         return [one(k) for k in self._res_tree[1]]
 
@@ -360,15 +257,15 @@ class _StageProgram:
         would cost more than the copy)."""
         out = {
             "msg": self.zeros_msg,
-            "res": [_zeros(r.shape, r) for r in self.res_sds],
+            "res": [zeros(r.shape, r) for r in self.res_sds],
             "grad": self.zeros_msg,
-            "d_chunk": jax.tree.map(lambda a: _zeros(a.shape, a), self.chunk_params(0)),
+            "d_chunk": jax.tree.map(lambda a: zeros(a.shape, a), self.chunk_params(0)),
             "d_rest": ins["d_rest"],
             "loss": varying(jnp.zeros((), jnp.float32), (PIPE,)),
         }
         if self.split:
-            out["saved"] = [_zeros(a.shape, a) for a in jax.tree.leaves(self.saved_sds)]
-            out["wgrad"] = [_zeros(a.shape, a) for a in jax.tree.leaves(self.probe_sds)]
+            out["saved"] = [zeros(a.shape, a) for a in jax.tree.leaves(self.saved_sds)]
+            out["wgrad"] = [zeros(a.shape, a) for a in jax.tree.leaves(self.probe_sds)]
         return out
 
     def reads(self, c, row) -> dict[str, Any]:
@@ -376,8 +273,8 @@ class _StageProgram:
         whatever the branch: one slot each) and the buffers a backward or W reads its slot from
         (handed in whole: a slot read before the switch would be a slot-sized temporary)."""
         ins = {
-            "x": _read(c["act"], row[COL["input_slot"]]),
-            "grad": _read(c["grad"], row[COL["grad_slot"]]),
+            "x": read(c["act"], row[COL["input_slot"]]),
+            "grad": read(c["grad"], row[COL["grad_slot"]]),
             "d_rest": c["d_rest"],
         }
         ins["rec" if self.split else "res"] = c["rec" if self.split else "res"]
@@ -483,7 +380,7 @@ class _StageProgram:
         res_at = only(op == FORWARD, row[COL["residual_slot"]])
         c = dict(
             c,
-            grad=_write_if(c["grad"], only(head, row[COL["grad_slot"]]), out["grad"]),
+            grad=write_if(c["grad"], only(head, row[COL["grad_slot"]]), out["grad"]),
             d_stack=self.add_chunk_grad(c["d_stack"], v, out["d_chunk"]),
             d_rest=out["d_rest"],
             loss=c["loss"] + out["loss"],
@@ -492,7 +389,7 @@ class _StageProgram:
             wgrad_at = only(op == BACKWARD, row[COL["wgrad_slot"]])
             c["rec"] = self.records.store(c["rec"], res_at, wgrad_at, out)
         else:
-            c["res"] = [_write_if(b, res_at, a) for b, a in zip(c["res"], out["res"], strict=True)]
+            c["res"] = [write_if(b, res_at, a) for b, a in zip(c["res"], out["res"], strict=True)]
         return c
 
     def tick_fn(self, stage: jax.Array) -> Callable:
@@ -522,8 +419,8 @@ class _StageProgram:
             }
             act, grad = c["act"], c["grad"]
             for route, value in recv.items():
-                act = _write_if(act, row[COL[f"recv_{route}_act"]], value)
-                grad = _write_if(grad, row[COL[f"recv_{route}_grad"]], value)
+                act = write_if(act, row[COL[f"recv_{route}_act"]], value)
+                grad = write_if(grad, row[COL[f"recv_{route}_grad"]], value)
             return dict(c, act=act, grad=grad), None
 
         return tick

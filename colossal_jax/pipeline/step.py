@@ -146,17 +146,14 @@ def _over_pipe(tree: Any, dims: Any, *, gather: bool) -> Any:
     (``gather``), or their gradients — each stage's partial sum — reduce-scattered back to it
     (summed whole where no dimension splits)."""
 
-    def one(v, d):
-        if not isinstance(v, nnx.Variable):
-            return v
-        a = v.get_value()
+    def one(a, d, _):
         if gather:
-            return v.replace(a if d is None else jax.lax.all_gather(a, PIPE, axis=d, tiled=True))
+            return a if d is None else jax.lax.all_gather(a, PIPE, axis=d, tiled=True)
         if d is None:
-            return v.replace(jax.lax.psum(a, PIPE))
-        return v.replace(jax.lax.psum_scatter(a, PIPE, scatter_dimension=d, tiled=True))
+            return jax.lax.psum(a, PIPE)
+        return jax.lax.psum_scatter(a, PIPE, scatter_dimension=d, tiled=True)
 
-    return jax.tree.map(one, tree, dims, is_leaf=lambda x: isinstance(x, nnx.Variable))
+    return zero.map_dims(one, tree, dims)
 
 
 def pipelined_value_and_grad(
