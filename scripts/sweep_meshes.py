@@ -11,6 +11,12 @@ Examples:
   python scripts/sweep_meshes.py --devices 8 --set n_layer=4 --set n_embd=256 \\
       --batch-size 16 --seq-len 256 --steps 5 --json sweep.json --png docs/img/sweep_gpt.png
   python scripts/sweep_meshes.py --devices 8 --filter 'zero=0 remat=none$' --steps 3
+
+On a GPU (--device h100|h200|a100) the plans run on the real devices, predicted with that
+device's hardware model, in bf16 by default; with one GPU the layout is fixed, so
+--every-knob sweeps remat, offload and accumulation instead:
+  python scripts/sweep_meshes.py --device h100 --devices 1 --every-knob --model gpt2-medium \
+      --batch-size 8 --seq-len 1024 --steps 5 --json gpu_sweep.json
 """
 
 from __future__ import annotations
@@ -24,7 +30,26 @@ from pathlib import Path
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    p.add_argument("--devices", type=int, default=8, help="simulated CPU devices (default 8)")
+    p.add_argument(
+        "--devices", type=int, default=8, help="devices (default 8; simulated on the CPU)"
+    )
+    p.add_argument(
+        "--device",
+        choices=("cpu", "h100", "h200", "a100"),
+        default="cpu",
+        help="the devices to run on and predict for (default cpu: simulated, calibrated model)",
+    )
+    p.add_argument(
+        "--precision",
+        choices=("fp32", "bf16", "fp16"),
+        help="compute precision (default: fp32 on the CPU, bf16 on a GPU)",
+    )
+    p.add_argument(
+        "--every-knob",
+        action="store_true",
+        help="every ZeRO/remat/offload/accumulation choice of each layout that fits, not only "
+        "the planner's pick (the sweep of one device)",
+    )
     p.add_argument("--model", default="gpt2-tiny", help="a model size (default gpt2-tiny)")
     p.add_argument(
         "--set",
@@ -94,9 +119,10 @@ def main(argv: list[str] | None = None) -> int:
             file=sys.stderr,
         )
         return 2
-    from colossal_jax.runtime.devices import simulate_cpu_devices
+    if args.device == "cpu":
+        from colossal_jax.runtime.devices import simulate_cpu_devices
 
-    simulate_cpu_devices(args.devices, force_cpu=True)
+        simulate_cpu_devices(args.devices, force_cpu=True)
     from colossal_jax.auto import sweep
     from colossal_jax.auto.choose import budget_of
     from colossal_jax.auto.hardware import hardware
@@ -110,13 +136,20 @@ def main(argv: list[str] | None = None) -> int:
             batch_size=args.batch_size,
             seq_len=args.seq_len,
             devices=args.devices,
+            precision=args.precision or ("fp32" if args.device == "cpu" else "bf16"),
         )
-        hw = hardware("cpu", args.memory_gb)
+        hw = hardware(args.device, args.memory_gb)
         if args.from_json:
             rows = sweep.rows_from_json(json.loads(args.from_json.read_text()), cfg, hw)
         else:
             rows = sweep.plans(
-                cfg, args.devices, hw, budget_of(hw, args.devices), args.filter, args.sample
+                cfg,
+                args.devices,
+                hw,
+                budget_of(hw, args.devices),
+                args.filter,
+                args.sample,
+                every_knob=args.every_knob,
             )
     except (ConfigError, ValueError, OSError) as e:
         print(f"error: {e}", file=sys.stderr)

@@ -228,3 +228,18 @@ def test_a_filter_that_matches_nothing_is_a_config_error():
         sweep.plans(cfg, 2, hw, budget_of(hw, 2), pattern="^nothing like this")
     with pytest.raises(ConfigError, match="not a regular expression"):
         sweep.plans(cfg, 2, hw, budget_of(hw, 2), pattern="(")
+
+
+def test_every_knob_adds_each_fitting_knob_choice_after_the_planners_pick():
+    cfg = tiny_config(batch_size=4, seq_len=32, devices=1)
+    hw = hardware("h100")
+    picked = sweep.plans(cfg, 1, hw, budget_of(hw, 1))
+    every = sweep.plans(cfg, 1, hw, budget_of(hw, 1), every_knob=True)
+    assert [r.name for r in picked] == [every[0].name]  # one layout: the pick, then its knobs
+    names = [r.name for r in every]
+    assert len(names) == len(set(names)) > 10
+    assert {r.ranked.knobs.remat for r in every} >= {"none", "dots", "full"}
+    assert {r.ranked.knobs.grad_accum for r in every} >= {1, 2, 4}
+    steps = [r.ranked.prediction.step_s for r in every[1:]]
+    assert steps == sorted(steps)
+    assert all(r.ranked.prediction.memory_bytes <= budget_of(hw, 1) for r in every)

@@ -33,11 +33,14 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from colossal_jax.auto import cost, space
 from colossal_jax.auto.cache import Cache, plan_key
 from colossal_jax.auto.hardware import Hardware
 from colossal_jax.auto.measure import Compiled, Stepper, measure_plan
 from colossal_jax.auto.search import Ranked, search
+from colossal_jax.checks.resolve import resolve
 from colossal_jax.config.errors import ConfigError
+from colossal_jax.config.plan import Devices
 from colossal_jax.config.schema import TrainConfig
 
 MIB = 2**20
@@ -112,10 +115,14 @@ def plans(
     budget: float,
     pattern: str | None = None,
     sample: int | None = None,
+    every_knob: bool = False,
 ) -> list[Row]:
     """The planner's ranked plans for ``cfg`` on ``n`` devices of ``hw`` (its choice first),
     those whose name matches the regular expression ``pattern`` when given, and of those
     ``sample`` spread evenly over the predicted ranking when given (the choice always stays).
+    With ``every_knob``, each layout contributes every memory-knob combination (ZeRO, remat,
+    offload, accumulation) that fits ``budget`` and resolves, not only the planner's pick —
+    the sweep of one device, where the layout is fixed and only the knobs vary.
     Raises :class:`ConfigError` when no plan fits or ``pattern`` is not a valid expression or
     matches nothing."""
     result = search(cfg, n, hw, budget)
@@ -124,6 +131,8 @@ def plans(
             f"no plan for --model {cfg.model} fits {budget / MIB:.0f} MiB per device on {n} "
             "devices; raise the budget or use more devices"
         )
+    if every_knob:
+        result.ranked[:] = _every_knob(result.ranked, hw, budget, n)
     try:
         keep = re.compile(pattern) if pattern else None
     except re.error as e:
@@ -144,6 +153,27 @@ def plans(
         picks = sorted({round(i * (len(rows) - 1) / (sample - 1)) for i in range(sample)})
         rows = [rows[i] for i in picks]
     return rows
+
+
+def _every_knob(chosen: list[Ranked], hw: Hardware, budget: float, n: int) -> list[Ranked]:
+    """The planner's choice first, then every knob combination of every chosen layout that
+    fits ``budget`` and resolves, ranked by predicted step time."""
+    devices = Devices(count=n, platform="cpu" if hw.shared else "gpu")
+    out = []
+    for r in chosen:
+        base = r.plan
+        par = base.config.parallel
+        for k in space.knobs(par, base.config.batch_size, base.batch_shards * base.microbatches):
+            if k == r.knobs:
+                continue
+            try:
+                plan = resolve(k.apply(base.config), devices)
+            except ConfigError:
+                continue
+            pred = cost.predict(plan, hw)
+            if pred.memory_bytes <= budget:
+                out.append(Ranked(plan, k, pred))
+    return [chosen[0], *sorted([*chosen[1:], *out], key=lambda r: r.prediction.step_s)]
 
 
 def run_sweep(
