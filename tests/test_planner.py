@@ -226,3 +226,35 @@ def test_verify_drops_a_plan_that_compiles_over_the_budget_and_compiles_the_next
     assert result.ranked[0].name == second and result.ranked[0].prediction.memory_bytes == 1e9
     with pytest.raises(ConfigError, match="compiled over the budget"):
         plan_py.verify(result, 1, 8, budget=1e8)
+
+
+def _resolved(platform: str, precision: str, **par) -> object:
+    from colossal_jax.config.plan import Devices
+
+    cfg = _cfg(precision=precision, devices=8, parallel=ParallelConfig(**par))
+    return resolve(cfg, Devices(count=8, platform=platform))
+
+
+def test_flash_and_ring_attention_keep_no_scores():
+    a, s = 8, 64  # gpt2-tiny's heads, _cfg's sequence
+    assert cost.scores_per_token(_resolved("cpu", "fp32", data=8)) == a * s
+    assert cost.scores_per_token(_resolved("gpu", "fp32", data=8)) == a * s  # cuDNN needs 16-bit
+    flash = _resolved("gpu", "bf16", data=8)
+    assert cost.flash_attention(flash) and cost.scores_per_token(flash) == 0
+    ulysses = _resolved("gpu", "bf16", data=2, seq=4, seq_mode="ulysses")
+    assert cost.scores_per_token(ulysses) == 0
+    ring = _resolved("cpu", "fp32", data=2, seq=4, seq_mode="ring")
+    assert cost.scores_per_token(ring) == 0
+    assert cost.scores_per_token(ring, kept=False) == a * s / 4  # one block while it runs
+    plain = _resolved("cpu", "fp32", data=2, seq=4, seq_mode="ulysses")
+    assert cost.memory_bytes(ring) < cost.memory_bytes(plain)
+
+
+def test_offloaded_state_counts_on_the_cpu_devices_and_not_on_a_gpu():
+    def state(platform: str, offload: str) -> float:
+        plan = _resolved(platform, "fp32", data=8)
+        plan = resolve(dataclasses.replace(plan.config, offload=offload), plan.devices)
+        return cost.memory_terms(plan)["state"]
+
+    assert state("cpu", "optimizer") == state("cpu", "none")
+    assert state("gpu", "optimizer") == pytest.approx(state("gpu", "none") / 3)  # Adam: 2 slots

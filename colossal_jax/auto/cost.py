@@ -30,7 +30,9 @@ Everything is derived from the model's dimensions and the plan, in closed form (
   layer, the activations each remat policy keeps (per layer and token, below) for the
   microbatches in flight (1 without a pipeline, ``M`` for GPipe, ``p`` for 1F1B, ``p·(1 +
   (p−1)/(p·V))`` interleaved and ZB-V, ``(2p − 1)·4/3`` ZB-H1), the logits and their gradient,
-  and a fixed per-device overhead.
+  and a fixed per-device overhead. Attention keeps its ``a·s`` scores per token only where it
+  runs XLA's reference kernel: cuDNN flash attention (GPU, 16-bit) and ring attention keep
+  none (:func:`scores_per_token`). On a GPU the offloaded state stays in host memory.
 """
 
 from __future__ import annotations
@@ -286,23 +288,51 @@ structural estimates; their weights are fitted by least squares to the compiled 
 of the 4-layer, 256-wide GPT's plans on 8 CPU devices (docs/planner.md, "Memory")."""
 
 
-def _split_elements(plan: Plan, counts: tuple[int, int, int]) -> float:
+def _split_elements(plan: Plan, counts: tuple[int, int, int], *, kept: bool = True) -> float:
     """Elements per token per layer on one device for ``counts`` (:data:`PER_TOKEN`): the grid
     modes cut every activation over the whole tensor group, 1D cuts the (3h + width)-wide ones
-    and the heads, no tensor mode cuts nothing; Ulysses cuts the heads over ``seq``."""
-    par, cfg = plan.config.parallel, plan.config
-    _, h, a, w, _ = _dims(plan)
+    and the heads, no tensor mode cuts nothing; Ulysses cuts the heads over ``seq``. The scores
+    are :func:`scores_per_token`'s (``kept``: held to the backward, else one layer's working
+    set)."""
+    par = plan.config.parallel
+    _, h, _, _, _ = _dims(plan)
     nh, ni, ns = counts
     t = par.tensor_size
-    scores = a * cfg.seq_len
+    scores = scores_per_token(plan, kept=kept)
     inner = _inner_width(plan)
-    if plan.seq_mode == "ulysses":
-        scores *= 1  # a/seq heads of the whole sequence: the same per token as s/seq keys
     if _act_split(plan) > 1:  # a grid: everything over the group
         return (nh * h + ni * inner + ns * scores) / t
     if t > 1:  # 1D: h-wide values whole on every device
         return nh * h + (ni * inner + ns * scores) / t
     return nh * h + ni * inner + ns * scores
+
+
+def flash_attention(plan: Plan) -> bool:
+    """Whether the plan's attention runs cuDNN's fused (flash) kernel: on a GPU, in bf16/fp16,
+    ``--attention`` not ``xla``, where token order is position order (no sequence split, or
+    Ulysses; :func:`colossal_jax.sequence.fused.resolve`)."""
+    from colossal_jax.config.seq_modes import seq_mode
+
+    par = plan.config.parallel
+    in_order = par.seq == 1 or seq_mode(par.seq_mode).position_order
+    half = plan.precision in ("bf16", "fp16")
+    return plan.devices.platform == "gpu" and half and plan.config.attention != "xla" and in_order
+
+
+def scores_per_token(plan: Plan, *, kept: bool = True) -> float:
+    """Attention score elements per token and layer (``a·s``: every head's row of scores) that
+    the attention keeps for its backward (``kept``) or holds while it runs: none kept by
+    cuDNN flash attention (it keeps the output and the log-sum-exp, and recomputes the scores
+    in its backward) and by ring attention (its custom backward keeps q, k, v, the output and
+    the log-sum-exp, :mod:`colossal_jax.sequence.ring`); while running, the ring holds one
+    block's, ``a·s/seq``, and flash attention none outside the kernel."""
+    cfg, par = plan.config, plan.config.parallel
+    a = plan.model.n_head
+    if flash_attention(plan):
+        return 0.0
+    if par.seq > 1 and plan.seq_mode == "ring":
+        return 0.0 if kept else a * cfg.seq_len / par.seq
+    return float(a * cfg.seq_len)
 
 
 def _inner_width(plan: Plan) -> float:
@@ -324,8 +354,8 @@ def memory_terms(plan: Plan) -> dict[str, float]:
     """The terms of the predicted peak per device, in bytes (weights :data:`MEMORY_COEF`):
 
     - ``state``: parameters and optimizer slots as stored (split by tensor, pipeline and ZeRO;
-      the step donates them, so its outputs alias them; offloaded state still counts, the step
-      copies it in);
+      the step donates them, so its outputs alias them); offloaded state counts on the
+      simulated CPU devices, whose host memory is their memory, and not on a GPU;
     - ``grads``: the fp32 gradient (split by ZeRO from stage 2), the accumulator beside it with
       accumulation below stage 2, under bf16/fp16 a 16-bit parameter copy and the 16-bit
       gradient before its cast to fp32, ZeRO-3's gathered layer, a pipeline's gathered rest;
@@ -345,7 +375,12 @@ def memory_terms(plan: Plan) -> dict[str, float]:
     def over(stage: int) -> int:
         return par.data if plan.zero >= stage else 1
 
-    state = 4 * stored / over(3) + 4 * stored * slots / over(1)
+    params, moments = 4 * stored / over(3), 4 * stored * slots / over(1)
+    if plan.devices.platform != "cpu":  # on an accelerator the offloaded tree stays in host
+        # memory: the update streams it leaf by leaf (compiled peaks of docs/gpu/ show no copy)
+        moments *= plan.offload == "none"
+        params *= plan.offload != "params"
+    state = params + moments
     grads = 4 * n / over(2)
     if par.pipelined:  # the rest gathered whole over pipe for the step, in the compute dtype
         grads += _act_bytes(plan) * rest_params_per_device(plan)
@@ -361,7 +396,7 @@ def memory_terms(plan: Plan) -> dict[str, float]:
     layers = L // par.pipe
     inflight = _in_flight(plan)
     kept = _split_elements(plan, PER_TOKEN[plan.remat]) * ab * tok * layers * inflight
-    working = _split_elements(plan, PER_TOKEN["none"]) * ab * tok
+    working = _split_elements(plan, PER_TOKEN["none"], kept=False) * ab * tok
     logits = 3 * tok * vocab / plan.tensor_split.divisor("vocab size") * 4
     return {
         "state": state,

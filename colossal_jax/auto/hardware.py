@@ -90,8 +90,13 @@ class Hardware:
 
 
 def _gpu(
-    name: str, tflops: float, memory_gb: float, nvlink_gbs: float, ib_gbs: float,
-    pcie_gbs: float, source: str,
+    name: str,
+    tflops: float,
+    memory_gb: float,
+    nvlink_gbs: float,
+    ib_gbs: float,
+    pcie_gbs: float,
+    source: str,
 ) -> Hardware:
     """A GPU from its datasheet figures: ``nvlink_gbs``, ``ib_gbs`` and ``pcie_gbs`` per
     direction, derated by :data:`LINK_EFFICIENCY`."""
@@ -109,7 +114,12 @@ def _gpu(
 
 
 H100 = _gpu(
-    "h100", 989.0, 80.0, 450.0, 50.0, 64.0,
+    "h100",
+    989.0,
+    80.0,
+    450.0,
+    50.0,
+    64.0,
     "NVIDIA H100 Tensor Core GPU datasheet (SXM5): 989 TFLOP/s dense BF16, 80 GB HBM3, NVLink "
     "900 GB/s bidirectional (450 per direction), PCIe Gen5 x16 (64 GB/s per direction); DGX H100 "
     "user guide: one ConnectX-7 NDR 400 Gb/s (50 GB/s) InfiniBand port per GPU",
@@ -117,14 +127,24 @@ H100 = _gpu(
 """H100 SXM5 80 GB in a DGX H100 (8 GPUs per NVLink domain)."""
 
 H200 = _gpu(
-    "h200", 989.0, 141.0, 450.0, 50.0, 64.0,
+    "h200",
+    989.0,
+    141.0,
+    450.0,
+    50.0,
+    64.0,
     "NVIDIA H200 Tensor Core GPU datasheet (SXM): 989 TFLOP/s dense BF16 (as H100), 141 GB "
     "HBM3e, NVLink 900 GB/s bidirectional; DGX H200: ConnectX-7 NDR 400 Gb/s per GPU",
 )
 """H200 SXM 141 GB, 8 GPUs per node."""
 
 A100 = _gpu(
-    "a100", 312.0, 80.0, 300.0, 25.0, 32.0,
+    "a100",
+    312.0,
+    80.0,
+    300.0,
+    25.0,
+    32.0,
     "NVIDIA A100 Tensor Core GPU datasheet (SXM4 80 GB): 312 TFLOP/s dense BF16, NVLink 3 "
     "600 GB/s bidirectional (300 per direction), PCIe Gen4 x16 (32 GB/s); DGX A100 user guide: "
     "one ConnectX-6 HDR 200 Gb/s (25 GB/s) InfiniBand port per GPU",

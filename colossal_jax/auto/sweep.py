@@ -460,7 +460,8 @@ def rows_from_json(doc: dict[str, Any], cfg: TrainConfig, hw: Hardware) -> list[
     for record in doc["rows"]:
         knobs = Knobs(**record["knobs"])
         par = ParallelConfig(**record["parallel"])
-        plan = resolve(knobs.apply(dataclasses.replace(cfg, parallel=par)), cfg.devices or 1)
+        devices = Devices(count=cfg.devices or 1, platform="cpu" if hw.shared else "gpu")
+        plan = resolve(knobs.apply(dataclasses.replace(cfg, parallel=par)), devices)
         row = Row(
             name=record["name"],
             ranked=Ranked(plan, knobs, cost.predict(plan, hw)),
