@@ -258,3 +258,27 @@ def test_offloaded_state_counts_on_the_cpu_devices_and_not_on_a_gpu():
 
     assert state("cpu", "optimizer") == state("cpu", "none")
     assert state("gpu", "optimizer") == pytest.approx(state("gpu", "none") / 3)  # Adam: 2 slots
+
+
+def test_mesh_auto_compiles_the_choice_and_takes_the_next_plan_when_it_is_over(monkeypatch):
+    from colossal_jax.auto import choose, measure
+    from colossal_jax.config.plan import Devices
+
+    cfg = _cfg(devices=8)
+    hw = hardware.hardware("cpu")
+    result = search(cfg, 8, hw, choose.budget_of(hw, 8))
+    first, second = result.ranked[0].name, result.ranked[1].name
+    compiled = []
+
+    def fake(plan, cache=None):
+        compiled.append(plan)
+        peak = 2e9 if len(compiled) == 1 else 1e6  # the first plan compiles over 1 GB
+        return measure.Compiled(0, 0, 0, 0, 0, peak, {}, 0), False
+
+    monkeypatch.setattr(measure, "compile_cached", fake)
+    devices = Devices(count=8, platform="cpu")
+    lines = choose.verify_on(result, devices, budget=1e9)
+    assert len(compiled) == 2 and result.best.name == second
+    assert lines and first in lines[0] and "over the budget" in lines[0]
+    with pytest.raises(ConfigError, match="all compile over"):
+        choose.verify_on(result, devices, budget=1.0, limit=2)

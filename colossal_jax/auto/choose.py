@@ -27,6 +27,12 @@ AUTO = "auto"
 DEFAULT_TIME_BUDGET = 30.0
 """Seconds ``--mesh auto`` searches before it takes the best plan found."""
 
+VERIFY_COMPILES = 4
+"""Plans ``--mesh auto`` compiles, best first, until one's compiled peak fits the budget: the
+cost model's memory is an estimate (docs/planner.md), a compile on the run's own devices is
+the backend's word (on one H100 the predicted choice for gpt3-xl ran out of memory,
+docs/gpu/call4_log.txt)."""
+
 
 def hardware_of(devices: Devices) -> Hardware:
     """The hardware model of ``devices`` (this module's docstring)."""
@@ -75,11 +81,43 @@ def auto_plan(
         devices = current_devices()
     n = cfg.devices or devices.count
     hw = hardware_of(devices)
-    plan, result = plan_for(cfg, n, hw, budget_of(hw, n), time_budget=time_budget)
+    budget = budget_of(hw, n)
+    _, result = plan_for(cfg, n, hw, budget, time_budget=time_budget)
+    checks = verify_on(result, devices, budget)
     if log is not None:
-        for line in summary(result, hw):
+        for line in summary(result, hw) + checks:
             log(line)
-    return bind(plan, devices)
+    return bind(result.best.plan, devices)
+
+
+def verify_on(
+    result: SearchResult, devices: Devices, budget: float, limit: int = VERIFY_COMPILES
+) -> list[str]:
+    """Compile the ranked plans on ``devices`` (the run's own; abstract state, nothing
+    allocated), best first, until one's compiled peak fits ``budget``; make it the best
+    (:attr:`SearchResult.best`) and drop those over the budget before it. Returns a line for
+    each plan dropped. Raises :class:`~colossal_jax.config.errors.ConfigError` when the first
+    ``limit`` plans all compile over the budget."""
+    from colossal_jax.auto.measure import compile_cached
+    from colossal_jax.config.errors import ConfigError
+
+    lines: list[str] = []
+    for i, ranked in enumerate(result.ranked[:limit]):
+        peak = compile_cached(bind(ranked.plan, devices))[0].peak_bytes
+        if peak <= budget:
+            if i:
+                del result.ranked[:i]
+            return lines
+        lines.append(
+            f"compiled {ranked.name}: {peak / 1e9:.2f} GB per device, over the budget "
+            f"{budget / 1e9:.2f} GB (predicted {ranked.prediction.memory_bytes / 1e9:.2f}); "
+            "taking the next plan"
+        )
+    raise ConfigError(
+        f"the planner's best {min(limit, len(result.ranked))} plans all compile over "
+        f"{budget / 1e9:.2f} GB per device; use more devices, a smaller --batch-size, or "
+        "--mesh with --remat full"
+    )
 
 
 def preset_text(best: Ranked, header: str) -> str:
