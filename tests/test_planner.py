@@ -277,8 +277,28 @@ def test_mesh_auto_compiles_the_choice_and_takes_the_next_plan_when_it_is_over(m
 
     monkeypatch.setattr(measure, "compile_cached", fake)
     devices = Devices(count=8, platform="cpu")
-    lines = choose.verify_on(result, devices, budget=1e9)
+    lines = choose.verify_on(result, devices, budget=1e9)  # no hardware: the ranked layouts only
     assert len(compiled) == 2 and result.best.name == second
     assert lines and first in lines[0] and "over the budget" in lines[0]
     with pytest.raises(ConfigError, match="all compile over"):
         choose.verify_on(result, devices, budget=1.0, limit=2)
+
+
+def test_on_one_device_a_choice_over_the_budget_falls_back_to_another_knob(monkeypatch):
+    from colossal_jax.auto import choose, measure
+    from colossal_jax.config.plan import Devices
+
+    cfg = _cfg(devices=1)
+    hw = hardware.hardware("h100")
+    result = search(cfg, 1, hw, choose.budget_of(hw, 1))
+    assert len(result.ranked) == 1  # one layout: the planner's knobs for it
+    first = result.best
+
+    def fake(plan, cache=None):  # every plan keeping all activations compiles over the budget
+        peak = 2e9 if plan.remat == "none" else 1e6
+        return measure.Compiled(0, 0, 0, 0, 0, peak, {}, 0), False
+
+    monkeypatch.setattr(measure, "compile_cached", fake)
+    lines = choose.verify_on(result, Devices(count=1, platform="gpu"), 1e9, hw, limit=8)
+    assert first.plan.remat == "none" and result.best.plan.remat != "none"
+    assert lines[0].startswith(f"compiled {first.name}:")

@@ -16,7 +16,7 @@ from collections.abc import Callable
 
 from colossal_jax.auto import hardware
 from colossal_jax.auto.hardware import Hardware
-from colossal_jax.auto.search import Ranked, SearchResult, plan_for, why_lost
+from colossal_jax.auto.search import Ranked, SearchResult, every_knob, plan_for, why_lost
 from colossal_jax.checks.resolve import bind
 from colossal_jax.config.plan import Devices, Plan
 from colossal_jax.config.schema import TrainConfig
@@ -83,7 +83,7 @@ def auto_plan(
     hw = hardware_of(devices)
     budget = budget_of(hw, n)
     _, result = plan_for(cfg, n, hw, budget, time_budget=time_budget)
-    checks = verify_on(result, devices, budget)
+    checks = verify_on(result, devices, budget, hw)
     if log is not None:
         for line in summary(result, hw) + checks:
             log(line)
@@ -91,30 +91,41 @@ def auto_plan(
 
 
 def verify_on(
-    result: SearchResult, devices: Devices, budget: float, limit: int = VERIFY_COMPILES
+    result: SearchResult,
+    devices: Devices,
+    budget: float,
+    hw: Hardware | None = None,
+    limit: int = VERIFY_COMPILES,
 ) -> list[str]:
     """Compile the ranked plans on ``devices`` (the run's own; abstract state, nothing
-    allocated), best first, until one's compiled peak fits ``budget``; make it the best
-    (:attr:`SearchResult.best`) and drop those over the budget before it. Returns a line for
-    each plan dropped. Raises :class:`~colossal_jax.config.errors.ConfigError` when the first
-    ``limit`` plans all compile over the budget."""
+    allocated), best first, until one's compiled peak fits ``budget``, and make it the best
+    (:attr:`SearchResult.best`). Once the planner's pick for the best layout compiles over,
+    the layouts' other knob choices (remat, offload, accumulation; :func:`every_knob`) join the
+    candidates in predicted order, so one device, where the layout is fixed, still finds the
+    plan that fits. Returns a line for each plan dropped. Raises
+    :class:`~colossal_jax.config.errors.ConfigError` when ``limit`` compiles find none."""
     from colossal_jax.auto.measure import compile_cached
     from colossal_jax.config.errors import ConfigError
 
     lines: list[str] = []
-    for i, ranked in enumerate(result.ranked[:limit]):
+    candidates = list(result.ranked)
+    for i in range(limit):
+        if i >= len(candidates):
+            break
+        ranked = candidates[i]
         peak = compile_cached(bind(ranked.plan, devices))[0].peak_bytes
         if peak <= budget:
-            if i:
-                del result.ranked[:i]
+            result.ranked[:] = [ranked, *(r for r in candidates[i + 1 :])]
             return lines
         lines.append(
             f"compiled {ranked.name}: {peak / 1e9:.2f} GB per device, over the budget "
             f"{budget / 1e9:.2f} GB (predicted {ranked.prediction.memory_bytes / 1e9:.2f}); "
             "taking the next plan"
         )
+        if i == 0 and hw is not None:
+            candidates = every_knob(candidates, hw, budget, ranked.plan.n_devices)
     raise ConfigError(
-        f"the planner's best {min(limit, len(result.ranked))} plans all compile over "
+        f"the planner's best {min(limit, len(candidates))} plans all compile over "
         f"{budget / 1e9:.2f} GB per device; use more devices, a smaller --batch-size, or "
         "--mesh with --remat full"
     )

@@ -106,6 +106,28 @@ def best_knobs(
     return None, lightest
 
 
+def every_knob(chosen: list[Ranked], hw: Hardware, budget: float, n: int) -> list[Ranked]:
+    """``chosen`` (ranked layouts, each with the knobs the planner picked) with every other
+    knob combination of each layout that fits ``budget`` and resolves: the first of ``chosen``
+    stays first, the rest ranked by predicted step time."""
+    devices = Devices(count=n, platform="cpu" if hw.shared else "gpu")
+    out = []
+    for r in chosen:
+        base = r.plan
+        par = base.config.parallel
+        for k in space.knobs(par, base.config.batch_size, base.batch_shards * base.microbatches):
+            if k == r.knobs:
+                continue
+            try:
+                plan = resolve(k.apply(base.config), devices)
+            except ConfigError:
+                continue
+            pred = cost.predict(plan, hw)
+            if pred.memory_bytes <= budget:
+                out.append(Ranked(plan, k, pred))
+    return [chosen[0], *sorted([*chosen[1:], *out], key=lambda r: r.prediction.step_s)]
+
+
 def search(
     cfg: TrainConfig,
     n: int,

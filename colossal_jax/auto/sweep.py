@@ -33,7 +33,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from colossal_jax.auto import cost, space
+from colossal_jax.auto import search as search_
 from colossal_jax.auto.cache import Cache, plan_key
 from colossal_jax.auto.hardware import Hardware
 from colossal_jax.auto.measure import Compiled, Stepper, measure_plan
@@ -132,7 +132,7 @@ def plans(
             "devices; raise the budget or use more devices"
         )
     if every_knob:
-        result.ranked[:] = _every_knob(result.ranked, hw, budget, n)
+        result.ranked[:] = search_.every_knob(result.ranked, hw, budget, n)
     try:
         keep = re.compile(pattern) if pattern else None
     except re.error as e:
@@ -153,27 +153,6 @@ def plans(
         picks = sorted({round(i * (len(rows) - 1) / (sample - 1)) for i in range(sample)})
         rows = [rows[i] for i in picks]
     return rows
-
-
-def _every_knob(chosen: list[Ranked], hw: Hardware, budget: float, n: int) -> list[Ranked]:
-    """The planner's choice first, then every knob combination of every chosen layout that
-    fits ``budget`` and resolves, ranked by predicted step time."""
-    devices = Devices(count=n, platform="cpu" if hw.shared else "gpu")
-    out = []
-    for r in chosen:
-        base = r.plan
-        par = base.config.parallel
-        for k in space.knobs(par, base.config.batch_size, base.batch_shards * base.microbatches):
-            if k == r.knobs:
-                continue
-            try:
-                plan = resolve(k.apply(base.config), devices)
-            except ConfigError:
-                continue
-            pred = cost.predict(plan, hw)
-            if pred.memory_bytes <= budget:
-                out.append(Ranked(plan, k, pred))
-    return [chosen[0], *sorted([*chosen[1:], *out], key=lambda r: r.prediction.step_s)]
 
 
 def run_sweep(
@@ -453,7 +432,6 @@ def rows_from_json(doc: dict[str, Any], cfg: TrainConfig, hw: Hardware) -> list[
     cost model (the planner's choice stays the one made when the sweep ran)."""
     from colossal_jax.auto import cost
     from colossal_jax.auto.space import Knobs
-    from colossal_jax.checks.resolve import resolve
     from colossal_jax.config.schema import ParallelConfig
 
     rows = []
