@@ -24,7 +24,8 @@ compiled (never run) and measured:
   ``lockstep_time`` and ``lockstep_idle`` (every tick as long as its costliest operation: the
   one-program executor), in FLOPs;
 - ``bytes_per_device``: bytes every collective moves per device in one step (ring model,
-  :func:`colossal_jax.analysis.hlo.bytes_moved`);
+  :func:`colossal_jax.analysis.hlo.bytes_moved`), the busiest stage's, each branch of the tick
+  switch and of the message switch counted on the ticks that run it;
 - ``state_bytes``: the step's argument bytes per device (parameters, optimizer state, batch;
   ``memory_analysis``), and ``rest_state_bytes``: the part of the parameters and optimizer state
   that is the embedding, final norm and head (a pipeline stores them split over ``pipe``;
@@ -74,12 +75,27 @@ def _config(
     )
 
 
+def _bytes(text: str, sched) -> float:
+    """Bytes every collective moves per device in one step; for a pipeline, its busiest
+    stage's, each branch of the tick switch and of the message switch counted on the ticks the
+    table runs it (a ring's ``ppermute`` runs only on ticks that carry a message)."""
+    from colossal_jax.analysis.hlo import bytes_moved
+
+    if sched is None:
+        return bytes_moved(text)
+    rings = sched.ring_counts()
+    return max(
+        bytes_moved(text, {len(sched.branches): sched.branch_counts(s), len(rings): rings})
+        for s in range(sched.stages)
+    )
+
+
 def measure(
     schedule: str, p: int, m: int, v: int, devices: int, batch: int, seq: int, vocab: int = 0
 ) -> dict:
     import jax
 
-    from colossal_jax.analysis.hlo import bytes_moved, matmul_flops
+    from colossal_jax.analysis.hlo import matmul_flops
     from colossal_jax.pipeline.timing import weigh
     from colossal_jax.training.batches import global_batch
     from colossal_jax.training.checkpoint import abstract_like
@@ -110,7 +126,7 @@ def measure(
         "rest_state_bytes": _rest_state_bytes(run),
         "xla_cost_flops": float(cost.get("flops", 0.0)),
         "model_flops": model_flops,
-        "bytes_per_device": bytes_moved(text),
+        "bytes_per_device": _bytes(text, sched),
     }
     if sched is None:
         flops = matmul_flops(text)

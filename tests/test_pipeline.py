@@ -192,3 +192,54 @@ def test_the_tick_loop_updates_its_slots_in_place(name):
     ticks = build(name, 4, 8).ticks
     (loop,) = [lp for lp in while_loops(stepper.step.as_text()) if lp.trip_count == ticks]
     assert loop.copied_bytes < 0.25 * loop.carry_bytes, (loop.copied_bytes, loop.carry_bytes)
+
+
+@pytest.mark.parametrize(
+    "name,p,m,v",
+    [("gpipe", 4, 8, 1), ("1f1b", 2, 4, 1), ("interleaved", 4, 8, 2), ("zb-v", 4, 8, 2)],
+)
+def test_the_rings_column_names_the_rings_that_carry_a_message(name, p, m, v):
+    from colossal_jax.pipeline.schedule import COL, RINGS_BOTH, SEND_DOWN, SEND_UP
+
+    sched = build(name, p, m, v)
+    rings = sched.table[:, :, COL["rings"]]
+    assert (rings == rings[:, :1]).all()  # the same on every stage of a tick
+    sends = sched.table[:, :, COL["send"]]
+    up, down = (sends == SEND_UP).any(axis=1), (sends == SEND_DOWN).any(axis=1)
+    assert (rings[:, 0] == up + 2 * down).all()
+    counts = sched.ring_counts()
+    assert sum(counts) == sched.ticks and len(counts) == RINGS_BOTH + 1
+    assert counts[0] + counts[2] > 0  # some ticks leave the up ring idle
+
+
+def test_messages_move_only_on_the_ticks_that_carry_one():
+    """The compiled step's pipe traffic, each branch of the message switch counted on the ticks
+    the table runs it, is one microbatch's activation per message the table sends (GPipe at
+    p = 2, where both phases use one ring: half the ticks of the old every-tick ppermutes)."""
+    from colossal_jax.analysis.axes import axis_bytes
+    from colossal_jax.auto.measure import Stepper
+    from colossal_jax.checks.resolve import resolve
+    from colossal_jax.config.choices import MESH_ORDER
+    from colossal_jax.pipeline.schedule import COL, NO_SEND, SEND_SELF
+    from colossal_jax.runtime.devices import current_devices
+
+    cfg = _cfg(pipe=2, data=4, pipeline="gpipe", microbatches=4)
+    plan = resolve(cfg, current_devices())
+    text = Stepper(plan, allocate=False).step.as_text()
+    sched = build("gpipe", 2, 4)
+    shape = tuple(plan.mesh_shape)
+    rings = sched.ring_counts()
+
+    def pipe_bytes(counts: list[int]) -> float:  # the ends' gathers over pipe included
+        return axis_bytes(text, shape, tuple(MESH_ORDER), {len(counts): counts})["pipe"]
+
+    none, weighted, every_tick = (
+        pipe_bytes([1, 0, 0, 0]),
+        pipe_bytes(rings),
+        pipe_bytes([0, 0, 0, 1]),
+    )
+    sends = sched.table[:, :, COL["send"]]
+    messages = int(((sends != NO_SEND) & (sends != SEND_SELF)).any(axis=1).sum())
+    assert 0 < messages < sched.ticks
+    expected = (every_tick - none) * messages / (2 * sched.ticks)
+    assert weighted - none == pytest.approx(expected, rel=1e-6)

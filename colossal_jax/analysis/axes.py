@@ -64,22 +64,32 @@ def group_axes(
     return tuple(names[d] for d in dims), exact
 
 
-def attribute(hlo_text: str, shape: tuple[int, ...], names: tuple[str, ...]) -> list[Attributed]:
+def attribute(
+    hlo_text: str,
+    shape: tuple[int, ...],
+    names: tuple[str, ...],
+    branch_counts: dict[int, list[int]] | None = None,
+) -> list[Attributed]:
     """Every collective of a compiled program over a mesh of ``shape`` (axis ``names``) with
-    the axes it runs along."""
+    the axes it runs along (``branch_counts``: :func:`colossal_jax.analysis.hlo.analyze`'s)."""
     n = int(np.prod(shape))
     out = []
-    for collective, line in collective_lines(hlo_text):
+    for collective, line in collective_lines(hlo_text, branch_counts):
         axes, exact = group_axes(device_groups(line, n), shape, names)
         out.append(Attributed(collective.op, axes, collective.total_bytes, exact))
     return out
 
 
-def axis_bytes(hlo_text: str, shape: tuple[int, ...], names: tuple[str, ...]) -> dict[str, float]:
+def axis_bytes(
+    hlo_text: str,
+    shape: tuple[int, ...],
+    names: tuple[str, ...],
+    branch_counts: dict[int, list[int]] | None = None,
+) -> dict[str, float]:
     """Bytes each device receives per program run, by mesh axis (``+``-joined for a collective
     over several axes); collectives that move nothing (groups of one device) are left out."""
     out: dict[str, float] = defaultdict(float)
-    for a in attribute(hlo_text, shape, names):
+    for a in attribute(hlo_text, shape, names, branch_counts):
         if a.axes and a.bytes > 0:
             out["+".join(a.axes)] += a.bytes
     return dict(out)

@@ -103,12 +103,13 @@ def array_bytes(type_text: str) -> list[float]:
 
 @dataclass(frozen=True)
 class Collective:
-    """One collective op, executed ``count`` times per program run."""
+    """One collective op, executed ``count`` times per program run (a fraction of a loop's
+    trips inside a conditional whose branch frequencies were given)."""
 
     op: str
     group_size: int
     result_bytes: float
-    count: int
+    count: float
     computation: str
 
     @property
@@ -225,23 +226,30 @@ def _split_computations(text: str) -> tuple[dict[str, list[str]], str | None]:
     return comps, entry
 
 
-def analyze(hlo_text: str) -> Report:
-    """Every collective of a compiled module, with loop multiplicities."""
+def analyze(hlo_text: str, branch_counts: dict[int, list[int]] | None = None) -> Report:
+    """Every collective of a compiled module, with loop multiplicities (``branch_counts``: as
+    :func:`matmul_flops`'s; without it every branch of a conditional counts every run)."""
     report = Report()
-    for collective, _ in _walk(hlo_text, report):
+    for collective, _ in _walk(hlo_text, report, branch_counts):
         report.collectives.append(collective)
     return report
 
 
-def collective_lines(hlo_text: str) -> list[tuple[Collective, str]]:
+def collective_lines(
+    hlo_text: str, branch_counts: dict[int, list[int]] | None = None
+) -> list[tuple[Collective, str]]:
     """Every collective of a compiled module (as :func:`analyze`) with its HLO line, whose
     ``replica_groups`` / ``source_target_pairs`` :func:`device_groups` reads."""
-    return list(_walk(hlo_text, Report()))
+    return list(_walk(hlo_text, Report(), branch_counts))
 
 
-def _walk(hlo_text: str, report: Report) -> list[tuple[Collective, str]]:
+def _walk(
+    hlo_text: str, report: Report, branch_counts: dict[int, list[int]] | None = None
+) -> list[tuple[Collective, str]]:
     """The collectives reached from the entry computation, each with its line; loops of unknown
-    trip count are counted in ``report.unknown_trip_counts``."""
+    trip count are counted in ``report.unknown_trip_counts``. A conditional with ``n``
+    branches, where ``branch_counts[n]`` is given, runs branch ``i`` on ``branch_counts[n][i]``
+    of every ``sum(branch_counts[n])`` of its runs."""
     comps, entry = _split_computations(hlo_text)
     m = _PARTITIONS.search(hlo_text)
     n_partitions = int(m.group(1)) if m else 1
@@ -249,7 +257,7 @@ def _walk(hlo_text: str, report: Report) -> list[tuple[Collective, str]]:
     if entry is None:
         return found
 
-    def visit(name: str, mult: int, stack: tuple[str, ...]) -> None:
+    def visit(name: str, mult: float, stack: tuple[str, ...]) -> None:
         if name in stack or name not in comps:
             return
         for line in comps[name]:
@@ -268,8 +276,9 @@ def _walk(hlo_text: str, report: Report) -> list[tuple[Collective, str]]:
             if "-done(" in line or " async-done(" in line or "async-update(" in line:
                 continue
             called = _CALLS.findall(line)
+            branches = []
             for branch in _BRANCHES.findall(line):
-                called += [c.strip().lstrip("%") for c in branch.split(",") if c.strip()]
+                branches += [c.strip().lstrip("%") for c in branch.split(",") if c.strip()]
             inner = mult
             if " while(" in line:
                 trip = _TRIP.search(line)
@@ -279,6 +288,10 @@ def _walk(hlo_text: str, report: Report) -> list[tuple[Collective, str]]:
                     report.unknown_trip_counts += 1
             for c in called:
                 visit(c, inner, (*stack, name))
+            counts = (branch_counts or {}).get(len(branches)) if branches else None
+            for i, c in enumerate(branches):
+                share = counts[i] / max(1, sum(counts)) if counts is not None else 1.0
+                visit(c, inner * share, (*stack, name))
 
     visit(entry, 1, ())
     return found
@@ -361,9 +374,10 @@ def _components(pairs: list[list[int]]) -> list[list[int]]:
     return list(groups.values())
 
 
-def bytes_moved(hlo_text: str) -> float:
-    """Total bytes received per device by every collective of one program run."""
-    return analyze(hlo_text).total_bytes
+def bytes_moved(hlo_text: str, branch_counts: dict[int, list[int]] | None = None) -> float:
+    """Total bytes received per device by every collective of one program run
+    (``branch_counts``: as :func:`analyze`)."""
+    return analyze(hlo_text, branch_counts).total_bytes
 
 
 # ---- matmul FLOPs -------------------------------------------------------------------------------

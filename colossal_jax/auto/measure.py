@@ -137,7 +137,7 @@ def figures(run: Run, compiled: Any, compile_s: float) -> Compiled:
         output_bytes=output,
         temp_bytes=temp,
         peak_bytes=argument + output - alias + temp,
-        axis_bytes=axis_bytes(text, tuple(run.plan.mesh_shape), tuple(MESH_ORDER)),
+        axis_bytes=_axis_bytes(run, text),
         compile_s=compile_s,
     )
 
@@ -146,10 +146,29 @@ def _flops(run: Run, text: str) -> float:
     """Matmul FLOPs per device; for a pipeline, those of its busiest stage."""
     if run.schedule is None:
         return matmul_flops(text)
-    from colossal_jax.pipeline.schedule import BRANCHES
+    return max(matmul_flops(text, counts) for counts in _stage_branch_counts(run))
 
-    stages = range(run.schedule.stages)
-    return max(matmul_flops(text, {len(BRANCHES): run.schedule.branch_counts(s)}) for s in stages)
+
+def _axis_bytes(run: Run, text: str) -> dict[str, float]:
+    """Bytes per device by mesh axis; for a pipeline, its busiest stage's (each branch of the
+    tick switch and of the message switch counted on the ticks the table runs it)."""
+    shape, names = tuple(run.plan.mesh_shape), tuple(MESH_ORDER)
+    if run.schedule is None:
+        return axis_bytes(text, shape, names)
+    per_stage = [axis_bytes(text, shape, names, c) for c in _stage_branch_counts(run)]
+    return max(per_stage, key=lambda b: sum(b.values()))
+
+
+def _stage_branch_counts(run: Run) -> list[dict[int, list[int]]]:
+    """For each stage, how often each branch of the tick switch and of the message switch
+    runs (:func:`colossal_jax.analysis.hlo.matmul_flops`'s ``branch_counts``)."""
+    sched = run.schedule
+    assert sched is not None
+    rings = sched.ring_counts()
+    return [
+        {len(sched.branches): sched.branch_counts(s), len(rings): rings}
+        for s in range(sched.stages)
+    ]
 
 
 def _check_devices(plan: Plan) -> None:

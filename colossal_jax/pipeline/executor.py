@@ -26,13 +26,15 @@ gradients from the two slots — B and W together cost the fused backward's FLOP
 After the switch, the tick's one message (a forward's output or a backward's input gradient)
 goes where the table says: over the ``ppermute`` ring to ``s+1`` ("up"), the ring to ``s−1``
 ("down") — rings, so interleaved chunks wrap from the last stage to the first — or to the stage
-itself (ZB-V's turn); both rings run every tick, the unused one with zeros. The receiver files
+itself (ZB-V's turn); a ring's ``ppermute`` runs only on the ticks where some stage sends over
+it (the table's ``rings`` column says so statically; every device takes the same branch of one
+four-way switch: no ring, up, down, both). The receiver files
 each message into the activation or gradient slot the table names. The tensor and
 sequence kernels inside a chunk run unchanged: in the all-manual region the layouts call their
 per-device bodies directly (:func:`colossal_jax.tensor.layout.sharded`).
 
-Cost per device and tick: one chunk forward or backward (or nothing), and two ppermutes of one
-microbatch's activation ``mb·s·h`` (forward and backward), whether or not a message is due.
+Cost per device and tick: one chunk forward or backward (or nothing), and up to two ppermutes
+of one microbatch's activation ``mb·s·h``, one per ring that carries a message on that tick.
 A branch reads only the slots its row names and returns one tick's results; the slot buffers
 and gradient sums are updated after the switch, in place (a branch that took and returned the
 whole carry made XLA copy every buffer at every tick: 42 of 46 MiB per tick for GPipe at p = 4,
@@ -402,21 +404,35 @@ class _StageProgram:
         up_ring = [(i, (i + 1) % p) for i in range(p)]
         down_ring = [(i, (i - 1) % p) for i in range(p)]
 
+        def messages(rings, msg, send) -> tuple[jax.Array, jax.Array]:
+            """What arrives over the up and the down ring: a ``ppermute`` only for a ring that
+            carries a message this tick (the table's ``rings`` column, the same on every
+            stage, so every device takes the same branch), zeros otherwise."""
+            up = jnp.where(send == SEND_UP, msg, self.zeros_msg)
+            down = jnp.where(send == SEND_DOWN, msg, self.zeros_msg)
+
+            def none(u, d):
+                return jnp.where(False, u, self.zeros_msg), jnp.where(False, d, self.zeros_msg)
+
+            def up_only(u, d):
+                return jax.lax.ppermute(u, PIPE, up_ring), none(u, d)[1]
+
+            def down_only(u, d):
+                return none(u, d)[0], jax.lax.ppermute(d, PIPE, down_ring)
+
+            def both(u, d):
+                return jax.lax.ppermute(u, PIPE, up_ring), jax.lax.ppermute(d, PIPE, down_ring)
+
+            return jax.lax.switch(rings, (none, up_only, down_only, both), up, down)
+
         def tick(c, rows):
             row = rows[stage]
             out = jax.lax.switch(row[COL["branch"]], branch_fns, self.reads(c, row), row)
             c = self.store(c, row, out)
             msg = out["msg"]
             send = row[COL["send"]]
-            recv = {
-                "up": jax.lax.ppermute(
-                    jnp.where(send == SEND_UP, msg, self.zeros_msg), PIPE, up_ring
-                ),
-                "down": jax.lax.ppermute(
-                    jnp.where(send == SEND_DOWN, msg, self.zeros_msg), PIPE, down_ring
-                ),
-                "self": msg,
-            }
+            recv_up, recv_down = messages(row[COL["rings"]], msg, send)
+            recv = {"up": recv_up, "down": recv_down, "self": msg}
             act, grad = c["act"], c["grad"]
             for route, value in recv.items():
                 act = write_if(act, row[COL[f"recv_{route}_act"]], value)

@@ -70,6 +70,8 @@ BRANCHES = FUSED_BRANCHES
 
 # message routes: where an operation's output goes at the end of its tick
 NO_SEND, SEND_UP, SEND_DOWN, SEND_SELF = 0, 1, 2, 3
+RINGS_NONE, RINGS_UP, RINGS_DOWN, RINGS_BOTH = 0, 1, 2, 3
+"""The ``rings`` column: ``(some stage sends up) + 2·(some stage sends down)``."""
 
 # columns of Schedule.table[t, s]
 COLUMNS = (
@@ -91,6 +93,8 @@ COLUMNS = (
     "recv_down_grad",  # from s+1 over the down ring, a gradient
     "recv_self_act",  # from this stage itself (ZB-V: chunk p-1 to chunk p)
     "recv_self_grad",  # from this stage itself (ZB-V: chunk p's gradient to chunk p-1)
+    "rings",  # the same on every stage of a tick: which rings carry a message this tick,
+    #           RINGS_NONE / RINGS_UP / RINGS_DOWN / RINGS_BOTH (the executor's message switch)
 )
 COL = {name: i for i, name in enumerate(COLUMNS)}
 
@@ -175,6 +179,12 @@ class Schedule:
         """How many ticks stage ``stage`` runs each of :attr:`branches`."""
         column = self.table[:, stage, COL["branch"]]
         return [int((column == i).sum()) for i in range(len(self.branches))]
+
+    def ring_counts(self) -> list[int]:
+        """How many ticks run each branch of the executor's message switch: no ring, the up
+        ring only, the down ring only, both (the ``rings`` column)."""
+        column = self.table[:, 0, COL["rings"]]
+        return [int((column == i).sum()) for i in range(RINGS_BOTH + 1)]
 
     def busy_ticks(self, stage: int) -> int:
         return sum(1 for row in self.timeline if row[stage] is not None)
@@ -421,6 +431,9 @@ def _allocate(
             table[t, s, COL["send"]] = route
             column = {SEND_UP: "recv_up", SEND_DOWN: "recv_down", SEND_SELF: "recv_self"}[route]
             table[t, dst, COL[f"{column}_{kind}"]] = pools[kind][dst].take(key)
+    sends = table[:, :, COL["send"]]
+    rings = (sends == SEND_UP).any(axis=1) + 2 * (sends == SEND_DOWN).any(axis=1)
+    table[:, :, COL["rings"]] = rings[:, None]
     slots = {
         "residual": max(a.peak for a in pools["res"]),
         "activation": max(1, max(a.peak for a in pools["act"])),
