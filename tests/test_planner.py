@@ -302,3 +302,36 @@ def test_on_one_device_a_choice_over_the_budget_falls_back_to_another_knob(monke
     lines = choose.verify_on(result, Devices(count=1, platform="gpu"), 1e9, hw, limit=8)
     assert first.plan.remat == "none" and result.best.plan.remat != "none"
     assert lines[0].startswith(f"compiled {first.name}:")
+
+
+def test_verify_skips_a_gpu_plan_its_cpu_compile_could_not_confirm(monkeypatch):
+    """A bf16 GPU plan fits by the flash-attention prediction but not as the CPU compiles it
+    (scores kept): ``--verify`` skips it without compiling and compiles the next."""
+    from colossal_jax.auto import measure
+    from colossal_jax.auto.measure import Compiled
+
+    plan_py = _plan_script()
+    cfg = TrainConfig.for_model("gpt2-tiny", batch_size=8, seq_len=256, precision="bf16")
+    result = search(cfg, 1, hardware.hardware("h100"), budget=2**40)
+    result.ranked[:] = _every_knob_of(result, cfg)
+    best = result.ranked[0]
+    gpu, cpu = best.prediction.memory_bytes, cost.memory_bytes(plan_py._on_cpu(best.plan))
+    assert cpu > gpu  # the scores: kept by XLA's attention, not by cuDNN's
+    budget = (gpu + cpu) / 2
+    compiled = []
+
+    def fake(plan, cache=None):
+        compiled.append(plan)
+        return Compiled(0, 0, 0, 0, 0, 1.0, {}, 0.1), False
+
+    monkeypatch.setattr(measure, "compile_cached", fake)
+    lines = plan_py.verify(result, 1, 1, budget=budget)
+    assert best.plan not in compiled and len(compiled) == 1
+    assert any(line.startswith("skipped ") for line in lines)
+    assert cost.memory_bytes(plan_py._on_cpu(result.ranked[0].plan)) <= budget
+
+
+def _every_knob_of(result, cfg):
+    from colossal_jax.auto.search import every_knob
+
+    return every_knob(result.ranked, hardware.hardware("h100"), 2**40, 1)
