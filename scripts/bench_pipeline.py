@@ -7,9 +7,8 @@ compiled (never run) and measured:
 
 - ``temp_bytes``: per-device temporary bytes of the compiled step (``memory_analysis``);
 - ``flops_per_device``: matmul FLOPs the busiest device executes in one step, read from the
-  compiled HLO (:func:`colossal_jax.analysis.hlo.matmul_flops`: loops times their trip counts, the
-  tick
-  switch's branches times how often the table runs them on that stage);
+  compiled HLO (:func:`colossal_jax.analysis.compute.matmul_flops`: loops times their trip
+  counts, the tick switch's branches times how often the table runs them on that stage);
 - ``xla_cost_flops``: XLA's own ``cost_analysis()`` figure for comparison (it counts a loop body
   once and a conditional as its costliest branch, so it is not a per-step count);
 - ``model_flops``: the model's training FLOPs per step, ``(6·N + 12·L·s·h)·tokens`` for the
@@ -95,7 +94,7 @@ def measure(
 ) -> dict:
     import jax
 
-    from colossal_jax.analysis.hlo import matmul_flops
+    from colossal_jax.analysis.compute import matmul_flops
     from colossal_jax.pipeline.timing import weigh
     from colossal_jax.training.batches import global_batch
     from colossal_jax.training.checkpoint import abstract_like
@@ -194,7 +193,7 @@ def _rest_state_bytes(run) -> int:
 
 def _branch_flops(text: str, ticks: int, branches: tuple[str, ...]) -> dict[str, float]:
     """Matmul FLOPs of one run of each tick-switch branch (the switch run ``ticks`` times)."""
-    from colossal_jax.analysis.hlo import matmul_flops
+    from colossal_jax.analysis.compute import matmul_flops
 
     n = len(branches)
 

@@ -182,7 +182,7 @@ def test_the_tick_loop_updates_its_slots_in_place(name):
     """The tick loop copies (almost) nothing of its carry per tick: a tick's branch once took and
     returned the whole carry, and XLA copied every slot buffer at every tick (then 42 of 46 MiB
     per tick for GPipe at p = 4, M = 8 on a 4-layer, 256-wide GPT)."""
-    from colossal_jax.analysis.hlo import while_loops
+    from colossal_jax.analysis.compute import while_loops
     from colossal_jax.auto.measure import Stepper
     from colossal_jax.checks.resolve import resolve
     from colossal_jax.runtime.devices import current_devices

@@ -122,7 +122,7 @@ def test_one_step_gradients_equal_the_unpipelined_ones(name):
 def test_w_recomputes_nothing_compiled_flops_equal_1f1b():
     """The busiest device's compiled matmul FLOPs of ZB-H1 and ZB-V within 2% of 1F1B's (a W
     that re-ran the backward would add about a third)."""
-    from colossal_jax.analysis.hlo import matmul_flops
+    from colossal_jax.analysis.compute import matmul_flops
     from colossal_jax.training.batches import global_batch
     from colossal_jax.training.checkpoint import abstract_like
     from colossal_jax.training.run import build as build_run

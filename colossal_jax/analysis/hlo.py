@@ -68,13 +68,13 @@ _OP = re.compile(
     r"reduce-scatter-start|reduce-scatter|all-to-all|collective-permute-start|"
     r"collective-permute)\("
 )
-_ARRAY = re.compile(r"\b([a-z]+[0-9]*(?:e[0-9]m[0-9]\w*)?)\[([0-9,]*)\]")
+ARRAY = re.compile(r"\b([a-z]+[0-9]*(?:e[0-9]m[0-9]\w*)?)\[([0-9,]*)\]")
 _HEADER = re.compile(r"^(?:ENTRY\s+)?%?(?P<name>[\w.\-]+)\s*\(.*\)\s*->.*\{\s*$")
-_CALLS = re.compile(
+CALLS = re.compile(
     r"\b(?:calls|body|condition|to_apply|true_computation|false_computation)=%?([\w.\-]+)"
 )
-_BRANCHES = re.compile(r"branch_computations=\{([^}]*)\}")
-_TRIP = re.compile(r'"known_trip_count":\{"n":"(\d+)"\}')
+BRANCHES = re.compile(r"branch_computations=\{([^}]*)\}")
+TRIP = re.compile(r'"known_trip_count":\{"n":"(\d+)"\}')
 _GROUPS_LIST = re.compile(r"replica_groups=\{(\{[^=]*?\})\}")
 _GROUPS_IOTA = re.compile(r"replica_groups=\[(\d+),(\d+)\]<=")
 _PAIRS = re.compile(r"source_target_pairs=\{([^=]*?)\}(?:,|\s|$)")
@@ -93,7 +93,7 @@ def _dtype_bytes(dtype: str) -> float:
 def array_bytes(type_text: str) -> list[float]:
     """Byte sizes of the arrays in an HLO type (``f32[2,3]{1,0}`` or a tuple of them)."""
     sizes = []
-    for dtype, dims in _ARRAY.findall(type_text):
+    for dtype, dims in ARRAY.findall(type_text):
         n = 1
         for d in filter(None, dims.split(",")):
             n *= int(d)
@@ -205,7 +205,8 @@ def _tuple_elements(type_text: str) -> list[str]:
     return [p.strip() for p in parts if p.strip()]
 
 
-def _split_computations(text: str) -> tuple[dict[str, list[str]], str | None]:
+def split_computations(text: str) -> tuple[dict[str, list[str]], str | None]:
+    """``(computation name -> its instruction lines, the entry computation's name)``."""
     comps: dict[str, list[str]] = {}
     entry = None
     current: list[str] | None = None
@@ -250,7 +251,7 @@ def _walk(
     trip count are counted in ``report.unknown_trip_counts``. A conditional with ``n``
     branches, where ``branch_counts[n]`` is given, runs branch ``i`` on ``branch_counts[n][i]``
     of every ``sum(branch_counts[n])`` of its runs."""
-    comps, entry = _split_computations(hlo_text)
+    comps, entry = split_computations(hlo_text)
     m = _PARTITIONS.search(hlo_text)
     n_partitions = int(m.group(1)) if m else 1
     found: list[tuple[Collective, str]] = []
@@ -275,13 +276,13 @@ def _walk(
                 found.append((collective, line))
             if "-done(" in line or " async-done(" in line or "async-update(" in line:
                 continue
-            called = _CALLS.findall(line)
+            called = CALLS.findall(line)
             branches = []
-            for branch in _BRANCHES.findall(line):
+            for branch in BRANCHES.findall(line):
                 branches += [c.strip().lstrip("%") for c in branch.split(",") if c.strip()]
             inner = mult
             if " while(" in line:
-                trip = _TRIP.search(line)
+                trip = TRIP.search(line)
                 if trip:
                     inner = mult * int(trip.group(1))
                 else:
@@ -378,124 +379,3 @@ def bytes_moved(hlo_text: str, branch_counts: dict[int, list[int]] | None = None
     """Total bytes received per device by every collective of one program run
     (``branch_counts``: as :func:`analyze`)."""
     return analyze(hlo_text, branch_counts).total_bytes
-
-
-# ---- matmul FLOPs -------------------------------------------------------------------------------
-_INSTR = re.compile(r"^\s*(?:ROOT\s+)?%?(?P<name>[\w.\-]+)\s*=\s*(?P<type>\S+?\[[0-9,]*\])")
-_PARAM = re.compile(r"^\s*%?(?P<name>[\w.\-]+)\s*=\s*(?P<type>\S+?\[[0-9,]*\])\S*\s+parameter\(")
-_DOT = re.compile(r"\bdot\(%?(?P<lhs>[\w.\-]+),\s*%?(?P<rhs>[\w.\-]+)\)")
-_LHS_CONTRACT = re.compile(r"lhs_contracting_dims=\{([0-9,]*)\}")
-
-
-def _dims(type_text: str) -> list[int]:
-    m = _ARRAY.search(type_text)
-    if not m or not m.group(2):
-        return []
-    return [int(d) for d in m.group(2).split(",")]
-
-
-def matmul_flops(hlo_text: str, branch_counts: dict[int, list[int]] | None = None) -> float:
-    """FLOPs of every ``dot`` a device executes in one run of a compiled module (2 per
-    multiply-add), following fusions and calls, multiplying ``while`` bodies by their trip count.
-
-    XLA's own ``cost_analysis()`` counts a loop body once and a conditional as its most costly
-    branch. Here a conditional with ``n`` branches, where ``branch_counts[n]`` is given, runs
-    branch ``i`` on ``branch_counts[n][i]`` of every ``sum(branch_counts[n])`` of its runs (the
-    pipeline's tick switch inside the tick loop: the counts come from the tick table); other
-    conditionals count their costliest branch, as XLA does.
-    """
-    comps, entry = _split_computations(hlo_text)
-    if entry is None:
-        return 0.0
-    shapes: dict[str, dict[str, list[int]]] = {}
-    for name, lines in comps.items():
-        table: dict[str, list[int]] = {}
-        for line in lines:
-            m = _INSTR.match(line) or _PARAM.match(line)
-            if m:
-                table[m.group("name")] = _dims(m.group("type"))
-        shapes[name] = table
-    cache: dict[str, float] = {}
-
-    def cost(name: str, stack: tuple[str, ...]) -> float:
-        if name in cache:
-            return cache[name]
-        if name in stack or name not in comps:
-            return 0.0
-        total = 0.0
-        for line in comps[name]:
-            dot = _DOT.search(line)
-            inst = _INSTR.match(line)
-            if dot and inst:
-                out = _dims(inst.group("type"))
-                lhs = shapes[name].get(dot.group("lhs"), [])
-                contract = _LHS_CONTRACT.search(line)
-                k = 1
-                if contract and contract.group(1):
-                    for d in contract.group(1).split(","):
-                        k *= lhs[int(d)] if int(d) < len(lhs) else 1
-                n_out = 1
-                for d in out:
-                    n_out *= d
-                total += 2.0 * n_out * k
-            if "-done(" in line:
-                continue
-            branches = []
-            for group in _BRANCHES.findall(line):
-                branches += [c.strip().lstrip("%") for c in group.split(",") if c.strip()]
-            if branches:
-                costs = [cost(b, (*stack, name)) for b in branches]
-                counts = (branch_counts or {}).get(len(branches))
-                if counts is not None:  # branch i on counts[i] of the conditional's runs
-                    runs = max(1, sum(counts))
-                    total += sum(c * n for c, n in zip(costs, counts, strict=True)) / runs
-                else:
-                    total += max(costs)
-                continue
-            called = _CALLS.findall(line)
-            inner = 1.0
-            if " while(" in line:
-                trip = _TRIP.search(line)
-                inner = float(trip.group(1)) if trip else 1.0
-                called = [c for c in called if c != _condition_of(line)]
-            total += inner * sum(cost(c, (*stack, name)) for c in called)
-        cache[name] = total
-        return total
-
-    return cost(entry, ())
-
-
-def _condition_of(line: str) -> str | None:
-    m = re.search(r"\bcondition=%?([\w.\-]+)", line)
-    return m.group(1) if m else None
-
-
-@dataclass(frozen=True)
-class Loop:
-    """One ``while`` loop of a program: its known trip count (None if XLA states none), the bytes
-    of its carry, and the bytes its body copies per iteration (its ``copy`` instructions)."""
-
-    trip_count: int | None
-    carry_bytes: float
-    copied_bytes: float
-
-
-def while_loops(hlo_text: str) -> list[Loop]:
-    """Every ``while`` loop in ``hlo_text`` with its carry and the bytes its body copies per
-    iteration: a loop that copies most of its carry at every iteration (a buffer XLA could not
-    update in place) shows here."""
-    comps, _ = _split_computations(hlo_text)
-    loops = []
-    for lines in comps.values():
-        for line in lines:
-            if " while(" not in line:
-                continue
-            body = re.search(r"\bbody=%?([\w.\-]+)", line)
-            trip = _TRIP.search(line)
-            carry = sum(array_bytes(line.split("=", 1)[1].split(" while(")[0]))
-            copied = 0.0
-            for inner in comps.get(body.group(1), []) if body else []:
-                if " copy(" in inner:
-                    copied += sum(array_bytes(inner.split("=", 1)[1].split(" copy(")[0]))
-            loops.append(Loop(int(trip.group(1)) if trip else None, carry, copied))
-    return loops

@@ -5,7 +5,7 @@ this process has.
 and lowers and compiles its train step for abstract state in the run's shardings — nothing is
 allocated or executed — then reads, per device:
 
-- ``flops``: the FLOPs of every ``dot`` (:func:`colossal_jax.analysis.hlo.matmul_flops`: loop
+- ``flops``: the FLOPs of every ``dot`` (:func:`colossal_jax.analysis.compute.matmul_flops`: loop
   bodies times their trip count, which XLA's ``cost_analysis`` counts once; the scanned layer
   stack is such a loop). A pipelined step counts each stage's branches of the tick switch as
   often as its tick table runs them, and reports the busiest stage.
@@ -32,7 +32,7 @@ from typing import Any
 import jax
 
 from colossal_jax.analysis.axes import axis_bytes
-from colossal_jax.analysis.hlo import matmul_flops
+from colossal_jax.analysis.compute import matmul_flops
 from colossal_jax.auto.cache import Cache, plan_key
 from colossal_jax.config.choices import MESH_ORDER
 from colossal_jax.config.errors import ConfigError
@@ -161,7 +161,7 @@ def _axis_bytes(run: Run, text: str) -> dict[str, float]:
 
 def _stage_branch_counts(run: Run) -> list[dict[int, list[int]]]:
     """For each stage, how often each branch of the tick switch and of the message switch
-    runs (:func:`colossal_jax.analysis.hlo.matmul_flops`'s ``branch_counts``)."""
+    runs (:func:`colossal_jax.analysis.compute.matmul_flops`'s ``branch_counts``)."""
     sched = run.schedule
     assert sched is not None
     rings = sched.ring_counts()
