@@ -106,11 +106,17 @@ def best_knobs(
     return None, lightest
 
 
+def devices_of(hw: Hardware, n: int) -> Devices:
+    """``n`` devices of kind ``hw`` as a plan is resolved for them: simulated CPU devices, or
+    GPUs (whose platform decides the attention kernel the cost model assumes)."""
+    return Devices(count=n, platform="cpu" if hw.shared else "gpu")
+
+
 def every_knob(chosen: list[Ranked], hw: Hardware, budget: float, n: int) -> list[Ranked]:
     """``chosen`` (ranked layouts, each with the knobs the planner picked) with every other
     knob combination of each layout that fits ``budget`` and resolves: the first of ``chosen``
     stays first, the rest ranked by predicted step time."""
-    devices = Devices(count=n, platform="cpu" if hw.shared else "gpu")
+    devices = devices_of(hw, n)
     out = []
     for r in chosen:
         base = r.plan
@@ -140,7 +146,7 @@ def search(
     knobs chosen under ``budget`` bytes per device, ranked fastest first (this module's
     docstring). ``cfg.parallel`` and the memory knobs of ``cfg`` are ignored."""
     start = time.perf_counter()
-    devices = Devices(count=n, platform="cpu" if hw.shared else "gpu")
+    devices = devices_of(hw, n)
     light = Knobs(zero=0, remat="none", offload="none", grad_accum=1)
     out = SearchResult()
     for par in space.layouts(n, cfg.batch_size, hw.node):

@@ -40,7 +40,6 @@ from colossal_jax.auto.measure import Compiled, Stepper, measure_plan
 from colossal_jax.auto.search import Ranked, search
 from colossal_jax.checks.resolve import resolve
 from colossal_jax.config.errors import ConfigError
-from colossal_jax.config.plan import Devices
 from colossal_jax.config.schema import TrainConfig
 
 MIB = 2**20
@@ -438,7 +437,7 @@ def rows_from_json(doc: dict[str, Any], cfg: TrainConfig, hw: Hardware) -> list[
     for record in doc["rows"]:
         knobs = Knobs(**record["knobs"])
         par = ParallelConfig(**record["parallel"])
-        devices = Devices(count=cfg.devices or 1, platform="cpu" if hw.shared else "gpu")
+        devices = search_.devices_of(hw, cfg.devices or 1)
         plan = resolve(knobs.apply(dataclasses.replace(cfg, parallel=par)), devices)
         row = Row(
             name=record["name"],

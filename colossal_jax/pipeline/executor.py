@@ -411,14 +411,17 @@ class _StageProgram:
             up = jnp.where(send == SEND_UP, msg, self.zeros_msg)
             down = jnp.where(send == SEND_DOWN, msg, self.zeros_msg)
 
+            def quiet(a):  # zeros with a's varying axes, as the switch's branches must agree
+                return jnp.where(False, a, self.zeros_msg)
+
             def none(u, d):
-                return jnp.where(False, u, self.zeros_msg), jnp.where(False, d, self.zeros_msg)
+                return quiet(u), quiet(d)
 
             def up_only(u, d):
-                return jax.lax.ppermute(u, PIPE, up_ring), none(u, d)[1]
+                return jax.lax.ppermute(u, PIPE, up_ring), quiet(d)
 
             def down_only(u, d):
-                return none(u, d)[0], jax.lax.ppermute(d, PIPE, down_ring)
+                return quiet(u), jax.lax.ppermute(d, PIPE, down_ring)
 
             def both(u, d):
                 return jax.lax.ppermute(u, PIPE, up_ring), jax.lax.ppermute(d, PIPE, down_ring)
