@@ -82,11 +82,14 @@ def test_pipeline_bubble_per_schedule():
     inter = dataclasses.replace(par, pipeline="interleaved", virtual_stages=2)
     cfg = dataclasses.replace(base, parallel=inter, model_overrides={"n_layer": 4})
     assert cost.bubble(resolve(cfg, 4)) == pytest.approx(1 / 8)
-    # the zero-bubble schedules: a third of the fused schedule's (the unit tick tables), ZB-H1
-    # holding more microbatches' activations than 1F1B
+    # the zero-bubble schedules: a third of the fused schedule's (the unit tick tables); ZB-H1
+    # holds 1F1B's p microbatches, each a record: the larger of the residuals and, after the
+    # B, the linears' inputs and output gradients — more than `full` remat's layer input
     zb = resolve(dataclasses.replace(base, parallel=dataclasses.replace(par, pipeline="zb-h1")), 4)
     assert cost.bubble(zb) == pytest.approx(1 / 12)
-    assert cost.memory_terms(zb)["pipe_kept"] > cost.memory_terms(plan)["pipe_kept"]
+    assert cost.memory_terms(zb)["pipe_kept"] >= cost.memory_terms(plan)["pipe_kept"]
+    full, zb_full = (resolve(dataclasses.replace(c.config, remat="full"), 4) for c in (plan, zb))
+    assert cost.memory_terms(zb_full)["pipe_kept"] > cost.memory_terms(full)["pipe_kept"]
     zbv = dataclasses.replace(inter, pipeline="zb-v")
     cfg = dataclasses.replace(base, parallel=zbv, model_overrides={"n_layer": 4})
     assert cost.bubble(resolve(cfg, 4)) == pytest.approx(1 / 24)

@@ -66,6 +66,8 @@ def test_memory_zb_h1_keeps_1f1b_residuals_and_zb_v_1f1b_peak(p, m):
     one_f_one_b = build("1f1b", p, m)
     h1 = build("zb-h1", p, m)
     assert h1.slots["residual"] == one_f_one_b.slots["residual"] == p
+    # a microbatch lives from its F to its W: at most p on any stage, 1F1B's peak (stage 0)
+    assert h1.slots["saved"] == max(h1.peak_alive) == max(one_f_one_b.peak_alive) == p
     assert h1.slots["wgrad"] <= p
     zbv = build("zb-v", p, m, 2)
     # half-stage chunks: 2p of them are 1F1B's p whole-stage microbatches
@@ -119,27 +121,33 @@ def test_one_step_gradients_equal_the_unpipelined_ones(name):
     assert_pipelined_gradients_equal_plain(_cfg(**ONE_STEP[name]))
 
 
-def test_w_recomputes_nothing_compiled_flops_equal_1f1b():
+def test_w_recomputes_nothing_compiled_flops_equal_1f1b_and_temporaries_at_most_1_1x():
     """The busiest device's compiled matmul FLOPs of ZB-H1 and ZB-V within 2% of 1F1B's (a W
-    that re-ran the backward would add about a third)."""
+    that re-ran the backward would add about a third), and their compiled temporaries at most
+    1.1 × 1F1B's (a record holds the residuals, then the linears' inputs and output gradients:
+    not both)."""
     from colossal_jax.analysis.compute import matmul_flops
     from colossal_jax.training.batches import global_batch
     from colossal_jax.training.checkpoint import abstract_like
     from colossal_jax.training.run import build as build_run
     from colossal_jax.training.steps import make_train_step
 
-    def flops(**parallel) -> float:
+    def compiled(**parallel) -> tuple[float, int]:
         run = build_run(_cfg(pipe=2, data=4, microbatches=4, **parallel))
         params = abstract_like(run.abstract_params, run.param_shardings)
         opt = abstract_like(jax.eval_shape(run.tx.init, run.abstract_params), run.opt_shardings)
-        text = make_train_step(run).lower(params, opt, global_batch(run, 0)).compile().as_text()
+        step = make_train_step(run).lower(params, opt, global_batch(run, 0)).compile()
+        text = step.as_text()
         sched = run.schedule
         n = len(sched.branches)
-        return max(matmul_flops(text, {n: sched.branch_counts(s)}) for s in range(2))
+        flops = max(matmul_flops(text, {n: sched.branch_counts(s)}) for s in range(2))
+        return flops, step.memory_analysis().temp_size_in_bytes
 
-    base = flops(pipeline="1f1b")
+    base_flops, base_temp = compiled(pipeline="1f1b")
     for parallel in (dict(pipeline="zb-h1"), ZBV):
-        assert flops(**parallel) == pytest.approx(base, rel=0.02), parallel
+        flops, temp = compiled(**parallel)
+        assert flops == pytest.approx(base_flops, rel=0.02), parallel
+        assert temp <= 1.1 * base_temp, (parallel, temp, base_temp)
 
 
 # ---- bad input --------------------------------------------------------------------------------

@@ -29,7 +29,8 @@ Everything is derived from the model's dimensions and the plan, in closed form (
   step copies it in whole), a 16-bit copy of the parameters under bf16/fp16, ZeRO-3's gathered
   layer, the activations each remat policy keeps (per layer and token, below) for the
   microbatches in flight (1 without a pipeline, ``M`` for GPipe, ``p`` for 1F1B, ``p·(1 +
-  (p−1)/(p·V))`` interleaved and ZB-V, ``(2p − 1)·4/3`` ZB-H1), the logits and their gradient,
+  (p−1)/(p·V))`` interleaved and ZB-V, ``p`` ZB-H1; a split backward's record, the larger of
+  the residuals and the linears' inputs and output gradients), the logits and their gradient,
   and a fixed per-device overhead. Attention keeps its ``a·s`` scores per token only where it
   runs XLA's reference kernel: cuDNN flash attention (GPU, 16-bit) and ring attention keep
   none (:func:`scores_per_token`). On a GPU the offloaded state stays in host memory.
@@ -161,10 +162,12 @@ unit ticks against 1F1B's ``3(p − 1)``, ZB-V ``p − 1`` half-size ticks again
 (``V = 2``)'s ``3(p − 1)`` (the tick tables with F, B and W one tick each, docs/
 pipeline_parallel.md; B and W cost about the same when the linears dominate)."""
 
-ZB_H1_RECORD = 4 / 3
-"""A split backward's record (a linear's inputs kept to its W, the residuals of its B) against
-the fused backward's residual set, measured on the bench GPT (6.0 against 4.5 MiB per
-microbatch-chunk, docs/pipeline_parallel.md)."""
+SPLIT_RECORD = (5, 1, 0)
+"""What a split backward's record holds after its B, per token and layer, as :data:`PER_TOKEN`
+counts (plus the MLP's ``w``-wide down-projection input, :func:`_record_elements`): the
+linears' inputs (3 h-wide and the ``w``-wide one) and output gradients (Q/K/V and the MLP's
+hidden values, the inner width, and 2 h-wide). Before its B it holds the remat policy's
+residuals; a record costs the larger (docs/pipeline_parallel.md)."""
 
 
 def bubble(plan: Plan) -> float:
@@ -307,6 +310,18 @@ def _split_elements(plan: Plan, counts: tuple[int, int, int], *, kept: bool = Tr
     return nh * h + ni * inner + ns * scores
 
 
+def _record_elements(plan: Plan) -> float:
+    """Elements per token and layer a microbatch keeps on a stage between its forward and its
+    backward: the remat policy's (:data:`PER_TOKEN`); with a split backward (ZB-H1, ZB-V) the
+    larger of those and what the record holds after the B (:data:`SPLIT_RECORD`)."""
+    kept = _split_elements(plan, PER_TOKEN[plan.remat])
+    if plan.pipeline not in ZERO_BUBBLE_SHARE:
+        return kept
+    _, _, _, w, _ = _dims(plan)
+    t = plan.config.parallel.tensor_size
+    return max(kept, _split_elements(plan, SPLIT_RECORD) + w / t)
+
+
 def flash_attention(plan: Plan) -> bool:
     """Whether the plan's attention runs cuDNN's fused (flash) kernel: on a GPU, in bf16/fp16,
     ``--attention`` not ``xla``, where token order is position order (no sequence split, or
@@ -395,7 +410,7 @@ def memory_terms(plan: Plan) -> dict[str, float]:
     tok = _tokens_per_microbatch(plan)
     layers = L // par.pipe
     inflight = _in_flight(plan)
-    kept = _split_elements(plan, PER_TOKEN[plan.remat]) * ab * tok * layers * inflight
+    kept = _record_elements(plan) * ab * tok * layers * inflight
     working = _split_elements(plan, PER_TOKEN["none"], kept=False) * ab * tok
     logits = 3 * tok * vocab / plan.tensor_split.divisor("vocab size") * 4
     return {
@@ -422,8 +437,8 @@ def _in_flight(plan: Plan) -> float:
     m = plan.schedule_microbatches
     if plan.pipeline == "gpipe":
         return float(m)
-    if plan.pipeline == "zb-h1":  # its order keeps up to 2p − 1 records on stage 0
-        return min(2 * p - 1, m) * ZB_H1_RECORD
+    if plan.pipeline == "zb-h1":  # F to W: at most p records on a stage, 1F1B's peak
+        return float(min(p, m))
     if plan.virtual_stages > 1:
         return min(m * plan.virtual_stages, p * (1 + (p - 1) / (p * plan.virtual_stages)))
     return float(min(p, m))

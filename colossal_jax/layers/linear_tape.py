@@ -10,8 +10,12 @@ goes through :func:`linear` / :func:`linears`, which in a chunk traced under :fu
 
 - ``"record"``: runs as usual and records the call's input and outputs (shapes for the slots);
 - ``"forward"`` (the F of a split schedule): multiplies by ``stop_gradient`` of the weights and
-  biases, so the chunk's ``vjp`` (B) computes no weight gradient, adds a zero **probe** to each
-  output, whose cotangent in B is that linear's ``dy``, and keeps the input ``x``;
+  biases, so the chunk's ``vjp`` (B) computes no weight gradient, and adds a zero **probe** to
+  each output, whose cotangent in B is that linear's ``dy``; the input ``x`` passes through
+  :func:`tap` with an input probe, whose cotangent in B is ``x`` itself. So B hands W the
+  inputs as well as the output gradients, and F keeps nothing beyond the chunk's residuals:
+  under a remat policy that recomputes the layer's element-wise work (``dots``, ``full``) B
+  recomputes ``x`` anyway, without the policy ``x`` is among the residuals once;
 - ``"weights"`` (the W): multiplies the *saved* input by the weights and returns the outputs
   (under ``stop_gradient`` to the rest of the layer), so ``vjp`` of the chunk w.r.t. its
   parameters applied to the saved ``dy``'s is exactly ``Σ xᵀ·dy`` (and ``Σ dy`` for biases)
@@ -19,7 +23,8 @@ goes through :func:`linear` / :func:`linears`, which in a chunk traced under :fu
   (XLA removes it).
 
 FLOPs: F as before, B = the fused backward without the ``xᵀ·dy`` products, W = those products:
-B + W = the fused backward. Memory: each linear's input from F to W and its ``dy`` from B to W.
+B + W = the fused backward. Memory: from F to B the chunk's residuals (those of the fused
+backward, less what only the weight gradients need), from B to W each linear's input and ``dy``.
 
 :func:`~colossal_jax.layers.stack.apply_layers` scans the probes and saved values over the layers
 with the layer parameters (:func:`active_chunk`, :func:`layer_tape`). Without a chunk tape the
@@ -46,9 +51,10 @@ MODES = ("record", "forward", "weights")
 class ChunkTape:
     """One chunk's tape. ``inputs``: per layer (stacked over the layers), per linear call, the
     probes (``"forward"``) or the saved inputs (``"weights"``); None in ``"record"``.
+    In ``"forward"`` a call's probes are ``(input probe, [output probes])``.
     ``outputs`` (set by the stack): ``"record"``: ``(inputs, outputs)`` of every call;
-    ``"forward"``: the calls' inputs; ``"weights"``: the calls' outputs — each stacked over the
-    layers, a list over calls (of lists over a call's outputs)."""
+    ``"forward"``: nothing (an empty list per layer); ``"weights"``: the calls' outputs — each
+    stacked over the layers, a list over calls (of lists over a call's outputs)."""
 
     mode: str
     inputs: Any = None
@@ -77,12 +83,34 @@ class _LayerTape:
             return outs
         if self.mode == "forward":
             stop = jax.lax.stop_gradient
+            x_probe, y_probes = self.inputs[k]
+            x = tap(x, x_probe)
             outs = run(x, [stop(w) for w in ws], None if bs is None else [stop(b) for b in bs])
-            self.outputs.append(x)
-            return [o + probe for o, probe in zip(outs, self.inputs[k], strict=True)]
+            return [o + probe for o, probe in zip(outs, y_probes, strict=True)]
         outs = run(self.inputs[k], ws, bs)
         self.outputs.append(outs)
         return [jax.lax.stop_gradient(o) for o in outs]
+
+
+@jax.custom_vjp
+def tap(x: jax.Array, probe: jax.Array) -> jax.Array:
+    """``x`` unchanged; in the backward pass the cotangent of ``probe`` (a zero of ``x``'s type)
+    is ``x`` itself, so a ``vjp`` hands back the value a linear read, from wherever the
+    backward has it (kept, or recomputed under a remat policy)."""
+    del probe
+    return x
+
+
+def _tap_forward(x, probe):
+    del probe
+    return x, x
+
+
+def _tap_backward(x, g):
+    return g, x
+
+
+tap.defvjp(_tap_forward, _tap_backward)
 
 
 _CHUNK: contextvars.ContextVar[ChunkTape | None] = contextvars.ContextVar(

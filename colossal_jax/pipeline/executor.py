@@ -18,10 +18,11 @@ and at each tick a ``lax.switch`` on this stage's entry:
 - **idle**: nothing (a bubble tick costs no compute; it still sends its zero-filled messages).
 
 With a split backward (ZB-H1, ZB-V) the chunk runs under the linear tape
-(:mod:`colossal_jax.layers.linear_tape`): the **forward** also keeps each linear's input (a
-saved slot), **backward_input** (B) gives the input gradient and each linear's output gradient
-(a weight-gradient slot) but no weight gradient, and **weight** (W) forms the linears' weight
-gradients from the two slots — B and W together cost the fused backward's FLOPs.
+(:mod:`colossal_jax.layers.linear_tape`): the **forward** keeps the chunk's residuals in a
+record, **backward_input** (B) gives the input gradient and, in the residuals' place in the
+record, each linear's input and output gradient, but no weight gradient, and **weight** (W)
+forms the linears' weight gradients from the record — B and W together cost the fused
+backward's FLOPs. One write into the record buffers per tick (an F's row or a B's).
 
 After the switch, the tick's one message (a forward's output or a backward's input gradient)
 goes where the table says: over the ``ppermute`` ring to ``s+1`` ("up"), the ring to ``s−1``
@@ -40,8 +41,9 @@ and gradient sums are updated after the switch, in place (a branch that took and
 whole carry made XLA copy every buffer at every tick: 42 of 46 MiB per tick for GPipe at p = 4,
 M = 8 on the bench's GPT). Memory: ``slots["residual"]`` chunk-residual sets (``M`` for GPipe,
 ``p`` for 1F1B; activations only, the chunk's parameters are read from the stack again) plus
-the activation and gradient inboxes (and, split, ``slots["saved"]`` sets of linear inputs and
-``slots["wgrad"]`` of linear output gradients). The embedding and the head's parameters live on
+the activation and gradient inboxes (split: ``slots["saved"]`` records instead of the residual
+sets, each the larger of a residual set and the linears' inputs and output gradients,
+:class:`~colossal_jax.pipeline.slots.Records`). The embedding and the head's parameters live on
 every stage; their gradients are summed over ``pipe`` once per step (only the first/last stage's
 are nonzero).
 """
@@ -135,7 +137,7 @@ class _StageProgram:
         params, pos = self.chunk_params(0), batch.positions[0]
         if self.split:
             self._record_tape(params, pos)
-        y_sds, res_sds, _ = jax.eval_shape(self.forward_with_residuals, params, self.x_sds, pos)
+        y_sds, res_sds = jax.eval_shape(self.forward_with_residuals, params, self.x_sds, pos)
         x_sds = self.x_sds
         kept = (y_sds.shape, y_sds.dtype, varying_axes_of(y_sds))
         if kept != (x_sds.shape, x_sds.dtype, varying_axes_of(x_sds)):
@@ -154,7 +156,7 @@ class _StageProgram:
         }
         if self.split:  # residuals, saved inputs and output gradients share records
             self.records = Records(
-                jax.tree.leaves(self.saved_sds), res_sds, jax.tree.leaves(self.probe_sds)
+                res_sds, jax.tree.leaves(self.saved_sds), jax.tree.leaves(self.dy_sds)
             )
             self.start["rec"] = self.records.empty(slots["saved"])
         else:
@@ -162,7 +164,8 @@ class _StageProgram:
         self.zeros_msg = zeros(x_sds.shape, x_sds)
 
     def _record_tape(self, params, pos) -> None:
-        """The shapes of every linear call's input (saved for W) and outputs (probed in B)."""
+        """The shapes of every linear call's input and outputs: both are probed in F, and B
+        hands them (the input, the output gradients) to W."""
 
         def record(prm, x):
             with chunk_tape("record") as tape:
@@ -171,7 +174,8 @@ class _StageProgram:
 
         calls = jax.eval_shape(record, params, self.x_sds)
         self.saved_sds = [inp for inp, _ in calls]
-        self.probe_sds = [outs for _, outs in calls]
+        self.dy_sds = [outs for _, outs in calls]
+        self.probe_sds = [(inp, outs) for inp, outs in calls]
 
     # ---- the model's parts on this stage ------------------------------------------------------
     def chunk_params(self, v):
@@ -194,21 +198,19 @@ class _StageProgram:
         return self.embed_fn(r, self.batch.tokens[mb], self.batch.positions[mb])
 
     def forward_with_residuals(self, params, x, pos):
-        """The chunk's output, the leaves of its ``vjp`` (the backward's residuals) and, split,
-        the leaves of the linears' saved inputs (else an empty list). Split, the ``vjp`` is
-        taken w.r.t. ``(params, x, probes)`` with the linears' weights held constant."""
+        """The chunk's output and the leaves of its ``vjp`` (the backward's residuals). Split,
+        the ``vjp`` is taken w.r.t. ``(params, x, probes)`` with the linears' weights held
+        constant: the probes' cotangents are the linears' inputs and output gradients."""
         if not self.split:
             y, pullback = jax.vjp(lambda prm, xx: self.chunk_fn(prm, xx, pos), params, x)
-            saved = []
         else:
 
             def taped(prm, xx, probes):
-                with chunk_tape("forward", probes) as tape:
-                    out = self.chunk_fn(prm, xx, pos)
-                return out, tape.outputs
+                with chunk_tape("forward", probes):
+                    return self.chunk_fn(prm, xx, pos)
 
             probes = jax.tree.map(lambda a: zeros(a.shape, a), self.probe_sds)
-            y, pullback, saved = jax.vjp(taped, params, x, probes, has_aux=True)
+            y, pullback = jax.vjp(taped, params, x, probes)
         leaves, tree = jax.tree.flatten(pullback)
         # residuals that are the chunk's own parameters are not stored per microbatch: the
         # backward takes them from the stack, which no tick changes; split, the scan of the
@@ -221,7 +223,7 @@ class _StageProgram:
             raise AssertionError("a chunk's residuals changed between traces")
         self._res_tree[:] = [tree, from_params]
         stored = [leaf for leaf, k in zip(leaves, from_params, strict=True) if k is None]
-        return y, stored, jax.tree.leaves(saved)
+        return y, stored
 
     def _residuals(self, ins, row, v):
         """The chunk's ``vjp`` residuals for the backward of ``row``: the stored ones from their
@@ -259,15 +261,15 @@ class _StageProgram:
         would cost more than the copy)."""
         out = {
             "msg": self.zeros_msg,
-            "res": [zeros(r.shape, r) for r in self.res_sds],
             "grad": self.zeros_msg,
             "d_chunk": jax.tree.map(lambda a: zeros(a.shape, a), self.chunk_params(0)),
             "d_rest": ins["d_rest"],
             "loss": varying(jnp.zeros((), jnp.float32), (PIPE,)),
         }
-        if self.split:
-            out["saved"] = [zeros(a.shape, a) for a in jax.tree.leaves(self.saved_sds)]
-            out["wgrad"] = [zeros(a.shape, a) for a in jax.tree.leaves(self.probe_sds)]
+        if self.split:  # the record row an F or a B writes
+            out["rec"] = self.records.blank()
+        else:
+            out["res"] = [zeros(r.shape, r) for r in self.res_sds]
         return out
 
     def reads(self, c, row) -> dict[str, Any]:
@@ -285,13 +287,13 @@ class _StageProgram:
     def forward(self, ins, row, *, embed_input: bool = False, head: bool = False):
         mb, v = row[COL["microbatch"]], row[COL["chunk"]]
         x = self.as_act(self.embed(self.rest, mb)) if embed_input else ins["x"]
-        y, leaves, saved = self.forward_with_residuals(
-            self.chunk_params(v), x, self.batch.positions[mb]
-        )
+        y, leaves = self.forward_with_residuals(self.chunk_params(v), x, self.batch.positions[mb])
         y = self.as_act(y)
-        out = dict(self.nothing(ins), msg=y, res=leaves)
+        out = dict(self.nothing(ins), msg=y)
         if self.split:
-            out["saved"] = saved
+            out["rec"] = self.records.pack_forward(leaves)
+        else:
+            out["res"] = leaves
         if head:
             out.update(self.head(ins, mb, y))
         return out
@@ -312,7 +314,7 @@ class _StageProgram:
 
     def backward(self, ins, row, *, embed_grad: bool = False):
         """The fused backward, or split (B): the input gradient, the non-linear parameters'
-        gradients and, into a weight-gradient slot, every linear's output gradient."""
+        gradients and, into the record, every linear's input and output gradient."""
         mb, v = row[COL["microbatch"]], row[COL["chunk"]]
         pullback = jax.tree.unflatten(self._res_tree[0], self._residuals(ins, row, v))
         cotangents = pullback(ins["grad"])
@@ -320,7 +322,11 @@ class _StageProgram:
         dx = self.as_act(dx)
         out = dict(self.nothing(ins), msg=dx, d_chunk=d_params)
         if self.split:
-            out["wgrad"] = jax.tree.leaves(cotangents[2])
+            calls = cotangents[2]  # per linear call: (its input, [its output gradients])
+            out["rec"] = self.records.pack_backward(
+                jax.tree.leaves([x_in for x_in, _ in calls]),
+                jax.tree.leaves([dys for _, dys in calls]),
+            )
         if embed_grad:
             _, pullback = jax.vjp(lambda r: self.as_act(self.embed(r, mb)), self.rest)
             (d_r,) = pullback(dx)
@@ -331,14 +337,9 @@ class _StageProgram:
         """W: the linears' weight (and bias) gradients from their saved inputs and output
         gradients, through the layout's kernels (:mod:`colossal_jax.layers.linear_tape`)."""
         mb, v = row[COL["microbatch"]], row[COL["chunk"]]
-        saved = jax.tree.unflatten(
-            jax.tree.structure(self.saved_sds),
-            self.records.unpack(ins["rec"], row[COL["saved_slot"]], "saved"),
-        )
-        dys = jax.tree.unflatten(
-            jax.tree.structure(self.probe_sds),
-            self.records.unpack(ins["rec"], row[COL["wgrad_slot"]], "wgrad"),
-        )
+        rec, slot, tree = ins["rec"], row[COL["saved_slot"]], jax.tree.structure
+        saved = jax.tree.unflatten(tree(self.saved_sds), self.records.unpack(rec, slot, "saved"))
+        dys = jax.tree.unflatten(tree(self.dy_sds), self.records.unpack(rec, slot, "wgrad"))
         pos = self.batch.positions[mb]
 
         def outputs(prm):
@@ -369,10 +370,10 @@ class _StageProgram:
         return [by_name[name] for name in self.schedule.branches]
 
     def store(self, c, row, out) -> dict[str, Any]:
-        """The carry after a tick's results ``out``: a forward's residuals (and, split, saved
-        inputs) and the head's gradient filed into their slots, a backward's (split: B's)
-        linear output gradients into theirs, the chunk's and the other parameters' gradients
-        and the loss added."""
+        """The carry after a tick's results ``out``: a forward's residuals and the head's
+        gradient filed into their slots (split: the residuals into the record), a B's linear
+        inputs and output gradients into its record, the chunk's and the other parameters'
+        gradients and the loss added."""
         op, v = row[COL["op"]], row[COL["chunk"]]
         head = row[COL["branch"]] == self.schedule.branches.index("forward_head")
 
@@ -388,8 +389,8 @@ class _StageProgram:
             loss=c["loss"] + out["loss"],
         )
         if self.split:
-            wgrad_at = only(op == BACKWARD, row[COL["wgrad_slot"]])
-            c["rec"] = self.records.store(c["rec"], res_at, wgrad_at, out)
+            at = jnp.where(op == BACKWARD, row[COL["wgrad_slot"]], res_at)
+            c["rec"] = self.records.store(c["rec"], at, out["rec"])
         else:
             c["res"] = [write_if(b, res_at, a) for b, a in zip(c["res"], out["res"], strict=True)]
         return c

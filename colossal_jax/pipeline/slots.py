@@ -37,18 +37,18 @@ def write_if(buf: jax.Array, slot: jax.Array, value: jax.Array) -> jax.Array:
 
 class Records:
     """A split backward's per-microbatch-chunk state in one **record** slot from its F to its
-    W (:func:`colossal_jax.pipeline.schedule.build`'s ``saved`` records): the linears' saved
-    inputs, the chunk's residuals until its B, and from the B, in the residuals' place, the
-    linears' output gradients until the W. The leaves are packed flat into one buffer per
-    (dtype, varying axes) group, ``[records, saved + max(residuals, output gradients)]``, so a
-    record costs the larger of what it holds before and after its B — the 1F1B residual set
-    whenever the output gradients are no larger than the residuals — not the sum."""
+    W (:func:`colossal_jax.pipeline.schedule.build`'s ``saved`` records): from the F the
+    chunk's residuals, from the B in their place the linears' inputs and output gradients
+    (:mod:`colossal_jax.layers.linear_tape`), read by the W. The leaves are packed flat into one
+    buffer per (dtype, varying axes) group, ``[records, max(residuals, inputs + output
+    gradients)]``, so a record costs the larger of what it holds before and after its B, not
+    the sum."""
 
-    KINDS = ("saved", "res", "wgrad")
+    KINDS = ("res", "saved", "wgrad")
 
-    def __init__(self, saved: list, res: list, wgrad: list):
+    def __init__(self, res: list, saved: list, wgrad: list):
         self.groups: dict[tuple, dict[str, list]] = {}
-        for kind, leaves in zip(self.KINDS, (saved, res, wgrad), strict=True):
+        for kind, leaves in zip(self.KINDS, (res, saved, wgrad), strict=True):
             for i, a in enumerate(leaves):
                 key = (jnp.dtype(a.dtype), tuple(sorted(varying_axes_of(a))))
                 group = self.groups.setdefault(key, {k: [] for k in self.KINDS})
@@ -56,9 +56,9 @@ class Records:
         self.width, self.offset = {}, {}
         for key, group in self.groups.items():
             size = {k: sum(math.prod(shape) for _, shape, _ in group[k]) for k in self.KINDS}
-            self.offset[key] = size["saved"]
-            self.width[key] = size["saved"] + max(size["res"], size["wgrad"])
-        self.counts = {k: len(v) for k, v in zip(self.KINDS, (saved, res, wgrad), strict=True)}
+            self.offset[key] = {"res": 0, "saved": 0, "wgrad": size["saved"]}
+            self.width[key] = max(size["res"], size["saved"] + size["wgrad"])
+        self.counts = {k: len(v) for k, v in zip(self.KINDS, (res, saved, wgrad), strict=True)}
 
     def empty(self, n: int) -> list[jax.Array]:
         return [zeros((n, self.width[key]), self._like(key)) for key in self.groups]
@@ -67,27 +67,23 @@ class Records:
         group = self.groups[key]
         return next(a for k in self.KINDS for _, _, a in group[k])
 
+    def _row(self, key, parts: list[jax.Array]) -> jax.Array:
+        pad = self.width[key] - sum(p.shape[0] for p in parts)
+        return jnp.concatenate(parts + [zeros((pad,), self._like(key))])
+
     def _flat(self, key, kind: str, leaves: list) -> list[jax.Array]:
         return [leaves[i].reshape(-1) for i, _, _ in self.groups[key][kind]]
 
-    def pack_forward(self, saved: list, res: list) -> list[jax.Array]:
-        """Each group's row after an F: saved inputs, then residuals (then padding)."""
-        rows = []
-        for key in self.groups:
-            parts = self._flat(key, "saved", saved) + self._flat(key, "res", res)
-            pad = self.width[key] - sum(p.shape[0] for p in parts)
-            rows.append(jnp.concatenate(parts + [zeros((pad,), self._like(key))]))
-        return rows
+    def pack_forward(self, res: list) -> list[jax.Array]:
+        """Each group's row after an F: the residuals (then padding)."""
+        return [self._row(key, self._flat(key, "res", res)) for key in self.groups]
 
-    def pack_backward(self, wgrad: list) -> list[jax.Array]:
-        """Each group's tail after a B: the output gradients (then padding), written from the
-        group's offset over the residuals."""
-        rows = []
-        for key in self.groups:
-            parts = self._flat(key, "wgrad", wgrad)
-            pad = self.width[key] - self.offset[key] - sum(p.shape[0] for p in parts)
-            rows.append(jnp.concatenate(parts + [zeros((pad,), self._like(key))]))
-        return rows
+    def pack_backward(self, saved: list, wgrad: list) -> list[jax.Array]:
+        """Each group's row after a B: the linears' inputs, then their output gradients."""
+        return [
+            self._row(key, self._flat(key, "saved", saved) + self._flat(key, "wgrad", wgrad))
+            for key in self.groups
+        ]
 
     def unpack(self, bufs: list[jax.Array], slot: jax.Array, kind: str) -> list[jax.Array]:
         """The leaves of ``kind`` (in their original order) from record ``slot``."""
@@ -97,23 +93,19 @@ class Records:
             if not group:
                 continue
             row = read(buf, slot)
-            at = 0 if kind == "saved" else self.offset[key]
+            at = self.offset[key][kind]
             for i, shape, _ in group:
                 n = math.prod(shape)
                 out[i] = row[at : at + n].reshape(shape)
                 at += n
         return out
 
-    def store(self, bufs, forward_at, backward_at, out) -> list[jax.Array]:
-        """``bufs`` after a tick: an F's row written whole at ``forward_at``, a B's tail at
-        ``backward_at`` (``-1``: not this tick)."""
-        fwd = self.pack_forward(out["saved"], out["res"])
-        bwd = self.pack_backward(out["wgrad"])
-        new = []
-        for key, buf, f, b in zip(self.groups, bufs, fwd, bwd, strict=True):
-            buf = write_if(buf, forward_at, f)
-            at = jnp.maximum(backward_at, 0)
-            old = jax.lax.dynamic_slice(buf, (at, self.offset[key]), (1, b.shape[0]))[0]
-            b = jnp.where(backward_at >= 0, b, old)
-            new.append(jax.lax.dynamic_update_slice(buf, b[None], (at, self.offset[key])))
-        return new
+    def blank(self) -> list[jax.Array]:
+        """Each group's row of a tick that writes no record."""
+        return [zeros((self.width[key],), self._like(key)) for key in self.groups]
+
+    def store(self, bufs: list[jax.Array], at: jax.Array, rows: list[jax.Array]) -> list[jax.Array]:
+        """``bufs`` with ``rows`` (an F's or a B's) written at record ``at`` (``-1``: none):
+        one in-place write per tick (two writes into a loop-carried buffer made XLA copy it
+        whole at every tick)."""
+        return [write_if(buf, at, row) for buf, row in zip(bufs, rows, strict=True)]

@@ -1,39 +1,74 @@
 """Zero-bubble orders (Qi et al., "Zero Bubble Pipeline Parallelism", ICLR 2024): the backward
 split into **B** (the activation gradient, on the critical path) and **W** (the weight gradient,
-which only its own B must precede), so W fills the bubbles.
+which only its own B must precede), so W fills the bubbles. Both orders are made in unit time
+(every operation one tick), which :func:`colossal_jax.pipeline.schedule.simulate` then times
+again (the same timeline).
 
-Both orders come from one greedy list scheduler in unit time (every operation one tick), which
-:func:`colossal_jax.pipeline.schedule.simulate` then times again (the same timeline). On each
-stage and tick it runs, of the operations whose input arrived in an earlier tick:
-
-1. a **B** (the critical path; the lowest microbatch, then the latest chunk);
-2. else an **F**, while the stage's memory limits allow: ``(F − B) < residual_limit`` (the
-   chunk's backward residuals live from its F to its B) and ``(B − W) < pending_limit`` (the
-   linears' output gradients live from the B to the W) and ``(F − W) < saved_limit`` (the
-   linears' inputs live from the F to the W);
-3. else a **W** (the oldest B first) — the bubbles 1F1B leaves idle;
-4. else nothing.
-
-- **ZB-H1**: one chunk per stage, stage ``s`` on chunk ``s``; ``residual_limit = p − s`` (1F1B's
-  residuals) and ``pending_limit = p`` W's waiting. 1F1B's warm-up, and the W deferred into the
-  cool-down's bubbles: with unit F, B and W the bubble is ``p − 1`` ticks against 1F1B's
-  ``3(p − 1)`` (a third); the price is up to ``p`` sets of the linears' output gradients and
-  ``2p − 1`` sets of their inputs alive on stage 0 (the table's ``slots``).
-- **ZB-V**: two chunks per stage in a V — stage ``s`` holds chunks ``s`` and ``2p − 1 − s``, so
-  the first stage also runs the last chunk and the loss — and ``saved_limit = 2p`` half-stage
-  chunks, 1F1B's peak (``p`` whole-stage microbatches) on every stage.
+- **ZB-H1** (:func:`zb_h1_order`): every stage runs 1F1B's order of F and B; whenever that
+  order's next operation cannot run — its input has not arrived, or an F would make more than
+  ``p`` microbatches alive on the stage (``F − W ≤ p``: a microbatch lives from its F to its W,
+  and ``p`` is 1F1B's peak, on stage 0) — the stage runs its oldest pending W instead; the W's
+  left over follow the last B. With unit F, B and W the bubble is ``p − 1`` ticks against
+  1F1B's ``3(p − 1)`` (a third) for ``M ≥ p``, with ``p`` records alive on every stage.
+- **ZB-V** (:func:`zb_v_order`): two chunks per stage in a V — stage ``s`` holds chunks ``s``
+  and ``2p − 1 − s``, so the first stage also runs the last chunk and the loss — from a greedy
+  list scheduler (:func:`greedy_order`). On each stage and tick it runs, of the operations whose
+  input arrived in an earlier tick: a **B** (the lowest microbatch, then the latest chunk); else
+  an **F** while ``F − W < 2p`` half-stage chunks (1F1B's peak, ``p`` whole-stage microbatches);
+  else the oldest **W**; else nothing.
 """
 
 from __future__ import annotations
 
-from colossal_jax.pipeline.schedule import BACKWARD, FORWARD, WEIGHT, Op, dependency, place
+from colossal_jax.pipeline.schedule import (
+    BACKWARD,
+    FORWARD,
+    WEIGHT,
+    Op,
+    dependency,
+    one_f_one_b_order,
+    place,
+)
 
 
 def zb_h1_order(p: int, m: int, v: int = 1) -> list[list[Op]]:
-    """ZB-H1: 1F1B's warm-up and memory (``p − s`` microbatches on stage ``s``), W deferred."""
+    """ZB-H1: 1F1B's order of F and B on every stage, a W wherever that order waits (module
+    docstring); at most ``p`` microbatches alive (F to W) on any stage."""
     if v != 1:
         raise ValueError(f"ZB-H1 runs one chunk per stage, got {v}")
-    return greedy_order(p, m, 1, "loop", [(p - s, p, 2 * m) for s in range(p)])
+    fb = one_f_one_b_order(p, m)
+    last = p - 1
+    pos = [0] * p
+    weights: list[list[Op]] = [[] for _ in range(p)]  # W's whose B has run, oldest first
+    alive = [0] * p  # microbatches past their F and before their W
+    done: dict[tuple[int, int, int], int] = {}
+    orders: list[list[Op]] = [[] for _ in range(p)]
+    t = 0
+    while any(pos[s] < len(fb[s]) or weights[s] for s in range(p)):
+        ran = []
+        for s in range(p):
+            op = None
+            if pos[s] < len(fb[s]):
+                nxt = fb[s][pos[s]]
+                dep = dependency(nxt, last)
+                arrived = dep is None or done.get(dep, t) < t
+                if arrived and not (nxt.kind == FORWARD and alive[s] >= p):
+                    op = nxt
+                    pos[s] += 1
+            if op is None and weights[s]:
+                op = weights[s].pop(0)
+            if op is not None:
+                ran.append((s, op))
+        for s, op in ran:
+            orders[s].append(op)
+            done[(op.kind, op.microbatch, op.chunk)] = t
+            alive[s] += {FORWARD: 1, BACKWARD: 0, WEIGHT: -1}[op.kind]
+            if op.kind == BACKWARD:
+                weights[s].append(Op(WEIGHT, op.microbatch, op.chunk))
+        t += 1
+        if t > 6 * m * p + 8 * p:
+            raise RuntimeError(f"the ZB-H1 order deadlocked at p={p}, M={m}")
+    return orders
 
 
 def zb_v_order(p: int, m: int, v: int = 2) -> list[list[Op]]:
