@@ -111,7 +111,7 @@ def test_bert_and_llama_train_the_same_under_zero_bubble(family, schedule):
 @pytest.mark.slow
 @pytest.mark.exhaustive
 def test_3d_on_sixteen_devices_under_both_zero_bubble_schedules(tmp_path):
-    from tests.test_pipeline import _cli_losses
+    from tests.test_pipeline_modes import _cli_losses
 
     base = _cli_losses(tmp_path, "base", "--devices", "8", "--mesh", "data=8")
     mesh = ("--devices", "16", "--mesh", "pipe=2,tensor=8", "--tensor-mode", "3d")
