@@ -153,14 +153,15 @@ def verify(result: SearchResult, k: int, n: int, budget: float) -> list[str]:
     its CPU compile could not confirm it. Reports predicted against compiled memory."""
     from colossal_jax.auto.measure import compile_cached
 
-    lines, kept, tried, skipped = [], [], 0, 0
+    lines, kept, tried, skipped = [], [], 0, []
     ranked = list(result.ranked)
     at = 0
     while at < len(ranked) and len(kept) < k and tried < 3 * k:
         r = ranked[at]
         at += 1
-        if cost.memory_bytes(_on_cpu(r.plan)) > budget:
-            skipped += 1  # its CPU compile keeps what the GPU's flash attention does not
+        on_cpu = cost.memory_bytes(_on_cpu(r.plan))
+        if on_cpu > budget:  # its CPU compile keeps what the GPU's flash attention does not
+            skipped.append(f"{r.name} ({on_cpu / GB:.1f} GB)")
             continue
         tried += 1
         compiled, _ = compile_cached(r.plan)
@@ -180,9 +181,11 @@ def verify(result: SearchResult, k: int, n: int, budget: float) -> list[str]:
                 )
             )
     if skipped:
+        first = "; ".join(skipped[:3]) + ("; …" if len(skipped) > 3 else "")
         lines.append(
-            f"skipped {skipped} plans predicted to fit on the GPU but over the budget as the CPU "
-            "compiles them (XLA's attention there keeps the scores cuDNN flash attention does not)"
+            f"skipped {len(skipped)} plans predicted to fit on the GPU but over the budget as the "
+            "CPU compiles them (XLA's attention there keeps the scores cuDNN flash attention does "
+            f"not), in rank order: {first}"
         )
     result.ranked[:] = kept + ranked[at:]
     if not kept:
