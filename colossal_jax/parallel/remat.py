@@ -21,6 +21,9 @@ Sublinear Memory Cost", arXiv 1604.06174; the selective policy is Korthikanti et
 - ``selective``: also keep the outputs of matmuls without batch dimensions (the projections
   ``x @ W``) and any value named in ``saved_names``; the attention core (softmax, its ``s²``
   scores) and the element-wise ops are recomputed.
+- ``dots`` and ``selective`` also keep the ring attention kernel's own residuals (its output and
+  log-sum-exp, :data:`colossal_jax.sequence.ring.RING_RESIDUAL`): without them ``dots`` kept
+  every hop's score block and ``selective`` re-ran the whole ring forward in the backward.
 - ``offload``: like ``full``, but each layer's input (named :data:`LAYER_INPUT`) is copied to
   the host's ``pinned_host`` memory in the forward pass and back in the backward pass
   (``jax.checkpoint_policies.save_and_offload_only_these_names``). What this saves depends on
@@ -35,6 +38,11 @@ from dataclasses import dataclass
 import jax
 
 from colossal_jax.layers.stack import LAYER_INPUT
+from colossal_jax.sequence.ring import RING_RESIDUAL
+
+KERNEL_RESIDUALS = (RING_RESIDUAL,)
+"""Values the sequence kernels name (``checkpoint_name``) as their custom backward's residuals:
+``dots`` and ``selective`` keep them (``full`` and ``offload`` recompute the whole layer)."""
 
 REMAT_MODES = ("none", "dots", "full", "selective", "offload")
 
@@ -58,16 +66,16 @@ class RematPolicy:
         cp = jax.checkpoint_policies
         if self.mode == "none":
             return None
+        # the ring kernel's own residuals (its output and log-sum-exp): recomputing them
+        # would re-run the whole ring forward, every hop, inside the backward
+        kernel = cp.save_only_these_names(*KERNEL_RESIDUALS)
         if self.mode == "dots":
-            return cp.dots_saveable
+            return cp.save_from_both_policies(cp.dots_saveable, kernel)
         if self.mode == "full":
             return cp.nothing_saveable
         if self.mode == "selective":
-            if not self.saved_names:
-                return cp.dots_with_no_batch_dims_saveable
-            return cp.save_from_both_policies(
-                cp.dots_with_no_batch_dims_saveable, cp.save_only_these_names(*self.saved_names)
-            )
+            names = cp.save_only_these_names(*KERNEL_RESIDUALS, *self.saved_names)
+            return cp.save_from_both_policies(cp.dots_with_no_batch_dims_saveable, names)
         if self.mode == "offload":
             return cp.save_and_offload_only_these_names(
                 names_which_can_be_saved=list(self.saved_names),

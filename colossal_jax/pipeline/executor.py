@@ -22,7 +22,7 @@ With a split backward (ZB-H1, ZB-V) the chunk runs under the linear tape
 record, **backward_input** (B) gives the input gradient and, in the residuals' place in the
 record, each linear's input and output gradient, but no weight gradient, and **weight** (W)
 forms the linears' weight gradients from the record — B and W together cost the fused
-backward's FLOPs. One write into the record buffers per tick (an F's row or a B's).
+backward's FLOPs. Records are read and written leaf by leaf, in place (no row-sized copies).
 
 After the switch, the tick's one message (a forward's output or a backward's input gradient)
 goes where the table says: over the ``ppermute`` ring to ``s+1`` ("up"), the ring to ``s−1``
@@ -266,10 +266,10 @@ class _StageProgram:
             "d_rest": ins["d_rest"],
             "loss": varying(jnp.zeros((), jnp.float32), (PIPE,)),
         }
-        if self.split:  # the record row an F or a B writes
-            out["rec"] = self.records.blank()
-        else:
-            out["res"] = [zeros(r.shape, r) for r in self.res_sds]
+        out["res"] = [zeros(r.shape, r) for r in self.res_sds]
+        if self.split:
+            out["saved"] = [zeros(a.shape, a) for a in jax.tree.leaves(self.saved_sds)]
+            out["wgrad"] = [zeros(a.shape, a) for a in jax.tree.leaves(self.dy_sds)]
         return out
 
     def reads(self, c, row) -> dict[str, Any]:
@@ -290,10 +290,7 @@ class _StageProgram:
         y, leaves = self.forward_with_residuals(self.chunk_params(v), x, self.batch.positions[mb])
         y = self.as_act(y)
         out = dict(self.nothing(ins), msg=y)
-        if self.split:
-            out["rec"] = self.records.pack_forward(leaves)
-        else:
-            out["res"] = leaves
+        out["res"] = leaves
         if head:
             out.update(self.head(ins, mb, y))
         return out
@@ -323,10 +320,8 @@ class _StageProgram:
         out = dict(self.nothing(ins), msg=dx, d_chunk=d_params)
         if self.split:
             calls = cotangents[2]  # per linear call: (its input, [its output gradients])
-            out["rec"] = self.records.pack_backward(
-                jax.tree.leaves([x_in for x_in, _ in calls]),
-                jax.tree.leaves([dys for _, dys in calls]),
-            )
+            out["saved"] = jax.tree.leaves([x_in for x_in, _ in calls])
+            out["wgrad"] = jax.tree.leaves([dys for _, dys in calls])
         if embed_grad:
             _, pullback = jax.vjp(lambda r: self.as_act(self.embed(r, mb)), self.rest)
             (d_r,) = pullback(dx)
@@ -389,8 +384,9 @@ class _StageProgram:
             loss=c["loss"] + out["loss"],
         )
         if self.split:
-            at = jnp.where(op == BACKWARD, row[COL["wgrad_slot"]], res_at)
-            c["rec"] = self.records.store(c["rec"], at, out["rec"])
+            rec = self.records.store(c["rec"], res_at, {"res": out["res"]})
+            b_at = only(op == BACKWARD, row[COL["wgrad_slot"]])
+            c["rec"] = self.records.store(rec, b_at, {"saved": out["saved"], "wgrad": out["wgrad"]})
         else:
             c["res"] = [write_if(b, res_at, a) for b, a in zip(c["res"], out["res"], strict=True)]
         return c

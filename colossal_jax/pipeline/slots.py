@@ -67,45 +67,34 @@ class Records:
         group = self.groups[key]
         return next(a for k in self.KINDS for _, _, a in group[k])
 
-    def _row(self, key, parts: list[jax.Array]) -> jax.Array:
-        pad = self.width[key] - sum(p.shape[0] for p in parts)
-        return jnp.concatenate(parts + [zeros((pad,), self._like(key))])
-
-    def _flat(self, key, kind: str, leaves: list) -> list[jax.Array]:
-        return [leaves[i].reshape(-1) for i, _, _ in self.groups[key][kind]]
-
-    def pack_forward(self, res: list) -> list[jax.Array]:
-        """Each group's row after an F: the residuals (then padding)."""
-        return [self._row(key, self._flat(key, "res", res)) for key in self.groups]
-
-    def pack_backward(self, saved: list, wgrad: list) -> list[jax.Array]:
-        """Each group's row after a B: the linears' inputs, then their output gradients."""
-        return [
-            self._row(key, self._flat(key, "saved", saved) + self._flat(key, "wgrad", wgrad))
-            for key in self.groups
-        ]
-
     def unpack(self, bufs: list[jax.Array], slot: jax.Array, kind: str) -> list[jax.Array]:
         """The leaves of ``kind`` (in their original order) from record ``slot``."""
         out: list[Any] = [None] * self.counts[kind]
+        row = jnp.maximum(slot, 0)
         for key, buf in zip(self.groups, bufs, strict=True):
-            group = self.groups[key][kind]
-            if not group:
-                continue
-            row = read(buf, slot)
             at = self.offset[key][kind]
-            for i, shape, _ in group:
-                n = math.prod(shape)
-                out[i] = row[at : at + n].reshape(shape)
+            for i, shape, _ in self.groups[key][kind]:
+                n = math.prod(shape)  # each leaf sliced from the buffer: no row-sized copy
+                out[i] = jax.lax.dynamic_slice(buf, (row, at), (1, n)).reshape(shape)
                 at += n
         return out
 
-    def blank(self) -> list[jax.Array]:
-        """Each group's row of a tick that writes no record."""
-        return [zeros((self.width[key],), self._like(key)) for key in self.groups]
-
-    def store(self, bufs: list[jax.Array], at: jax.Array, rows: list[jax.Array]) -> list[jax.Array]:
-        """``bufs`` with ``rows`` (an F's or a B's) written at record ``at`` (``-1``: none):
-        one in-place write per tick (two writes into a loop-carried buffer made XLA copy it
-        whole at every tick)."""
-        return [write_if(buf, at, row) for buf, row in zip(bufs, rows, strict=True)]
+    def store(
+        self, bufs: list[jax.Array], at: jax.Array, leaves: dict[str, list]
+    ) -> list[jax.Array]:
+        """``bufs`` with the leaves of each kind in ``leaves`` written in place at their offsets
+        in record ``at`` (``-1``: none). Leaf by leaf: a packed row would be a row-sized
+        temporary, and a read of the whole row for the ``where`` another."""
+        row = jnp.maximum(at, 0)
+        out = []
+        for key, buf in zip(self.groups, bufs, strict=True):
+            for kind, kind_leaves in leaves.items():
+                off = self.offset[key][kind]
+                for i, shape, _ in self.groups[key][kind]:
+                    n = math.prod(shape)
+                    old = jax.lax.dynamic_slice(buf, (row, off), (1, n))
+                    new = jnp.where(at >= 0, kind_leaves[i].reshape(1, n), old)
+                    buf = jax.lax.dynamic_update_slice(buf, new, (row, off))
+                    off += n
+            out.append(buf)
+        return out

@@ -28,7 +28,8 @@ scale by ``g/a``):
   = ``(4p - 2) n h`` elements. Every hop overlaps with a block of compute under XLA scheduling.
 - memory: one ``[b, a, s/p, s/p]`` float32 score block (``O(b a (s/p)^2)``), the running
   ``m, l: [b, a, s/p]`` and ``o: [b, s/p, a, d]`` float32, two K/V blocks in flight; residuals
-  ``q, k, v, out`` plus ``lse: [b, a, s/p]``.
+  ``q, k, v, out`` plus ``lse: [b, a, s/p]`` (named :data:`RING_RESIDUAL`, so a layer remat
+  policy keeps them rather than the blocks or a second ring pass).
 """
 
 from __future__ import annotations
@@ -37,9 +38,17 @@ import functools
 
 import jax
 import jax.numpy as jnp
+from jax.ad_checkpoint import checkpoint_name
 
 from colossal_jax.sequence.local import grouped_key_grad, grouped_scores, grouped_values, visible
 from colossal_jax.tensor.kernels import ring_shift
+
+
+RING_RESIDUAL = "ring_residual"
+"""The ``checkpoint_name`` of the kernel's output and log-sum-exp in its forward: the remat
+policies ``dots`` and ``selective`` keep them (:mod:`colossal_jax.parallel.remat`). Unnamed,
+``dots`` saved every hop's score block (the blocks are matmul outputs: ``a·s`` per token, the
+whole score matrix) and ``selective`` re-ran the whole ring forward inside the backward."""
 
 
 def ring_attention(
@@ -121,6 +130,7 @@ def _ring(axis_name, causal, q, k, v, q_pos, k_pos):
 
 def _ring_fwd(axis_name, causal, q, k, v, q_pos, k_pos):
     out, lse = _forward(axis_name, causal, q, k, v, q_pos, k_pos)
+    out, lse = checkpoint_name(out, RING_RESIDUAL), checkpoint_name(lse, RING_RESIDUAL)
     return out, (q, k, v, q_pos, k_pos, out, lse)
 
 
