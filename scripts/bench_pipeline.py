@@ -36,6 +36,7 @@ batch: its ``flops_per_device`` against ``model_flops/devices`` checks the HLO c
 Example:
   python scripts/bench_pipeline.py --devices 8 --json pipeline.json
   python scripts/bench_pipeline.py --cases 4x8 --schedules 1f1b,zb-h1,zb-v   # a subset
+  python scripts/bench_pipeline.py --cases 4x8 --schedules 1f1b,zb-h1,zb-v --remat none
 """
 
 from __future__ import annotations
@@ -52,7 +53,15 @@ MODEL = {"n_layer": 8, "n_embd": 128, "n_head": 8, "block_size": 128}
 
 
 def _config(
-    p: int, schedule: str, m: int, v: int, devices: int, batch: int, seq: int, vocab: int = 0
+    p: int,
+    schedule: str,
+    m: int,
+    v: int,
+    devices: int,
+    batch: int,
+    seq: int,
+    vocab: int = 0,
+    remat: str = "dots",
 ):
     from colossal_jax.config import OptimConfig, ParallelConfig, TrainConfig
 
@@ -71,6 +80,7 @@ def _config(
         devices=devices,
         optim=OptimConfig(),
         parallel=parallel,
+        remat=remat,
     )
 
 
@@ -90,7 +100,15 @@ def _bytes(text: str, sched) -> float:
 
 
 def measure(
-    schedule: str, p: int, m: int, v: int, devices: int, batch: int, seq: int, vocab: int = 0
+    schedule: str,
+    p: int,
+    m: int,
+    v: int,
+    devices: int,
+    batch: int,
+    seq: int,
+    vocab: int = 0,
+    remat: str = "dots",
 ) -> dict:
     import jax
 
@@ -101,7 +119,7 @@ def measure(
     from colossal_jax.training.run import build
     from colossal_jax.training.steps import make_train_step
 
-    run = build(_config(p, schedule, m, v, devices, batch, seq, vocab))
+    run = build(_config(p, schedule, m, v, devices, batch, seq, vocab, remat))
     abstract_params = abstract_like(run.abstract_params, run.param_shardings)
     opt_shapes = jax.eval_shape(run.tx.init, run.abstract_params)
     abstract_opt = abstract_like(opt_shapes, run.opt_shardings)
@@ -215,6 +233,12 @@ def main() -> int:
     parser.add_argument(
         "--vocab", type=int, default=0, help="vocabulary size (default: the bytes, 256)"
     )
+    parser.add_argument(
+        "--remat",
+        default="dots",
+        choices=("none", "dots", "full", "selective", "offload"),
+        help="remat policy of every step (default: dots, the library's default)",
+    )
     args = parser.parse_args()
     flags = os.environ.get("XLA_FLAGS", "")
     os.environ["XLA_FLAGS"] = f"{flags} --xla_force_host_platform_device_count={args.devices}"
@@ -234,7 +258,9 @@ def main() -> int:
         (n, p, m, v) for p, m in cases for n, v in SCHEDULES if n in wanted
     ]
     for name, p, m, v in runs:
-        r = measure(name, p, m, v, args.devices, args.batch_size, args.seq_len, args.vocab)
+        r = measure(
+            name, p, m, v, args.devices, args.batch_size, args.seq_len, args.vocab, args.remat
+        )
         records.append(r)
         print(
             f"{name:12s} {p:2d} {m:2d} {v:2d} {r['temp_bytes'] / 2**20:9.2f} "
