@@ -263,7 +263,7 @@ def _inner_sizes(plan: Plan) -> dict[str, int]:
 
 
 PER_TOKEN = {
-    "none": (12, 2, 3),
+    "none": (12, 3.33, 1.92),
     "dots": (2, 1, 1),
     "selective": (2, 1, 0),
     "full": (1, 0, 0),
@@ -276,7 +276,11 @@ intermediate (LayerNorm inputs, outputs and statistics, the residuals, Q/K/V, th
 layer before and after its activation, the scores, their mask and probabilities), ``dots`` the
 matmul outputs, ``selective`` those without a batch dimension (not the scores), ``full`` the
 layer input, ``offload`` nothing on the device. The counts are read off XLA's memory analysis
-of ``--mesh data=8`` for each policy (4-layer, 256-wide GPT, docs/planner.md)."""
+of ``--mesh data=8`` for each policy (4-layer, 256-wide GPT, docs/planner.md); ``none``'s from
+two compiles of that GPT, ``data=8`` (which keeps the scores) and ``seq=8`` ring attention
+(which keeps none), which separate the scores' count (1.92) from the inner-width values' (3.33:
+GELU's tanh-form intermediates on the MLP's hidden layer among them), the h-wide count held at
+12 (until 2026-11-27 ``(12, 2, 3)``, read off ``data=8`` alone)."""
 
 MEMORY_COEF = {
     "state": 1.0,
