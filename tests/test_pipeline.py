@@ -101,6 +101,51 @@ def test_one_step_gradients_equal_the_unpipelined_ones(parallel):
     assert_pipelined_gradients_equal_plain(_cfg(**parallel))
 
 
+@pytest.mark.parametrize("pipeline", ["1f1b", "zb-h1"])
+def test_parameter_only_residuals_are_recomputed_not_stored(pipeline):
+    """Under ``remat=none`` with a tensor and a sequence split, the chunk's residuals that are
+    functions of its weights alone (made varying over the split axes) are recomputed from the
+    stack in the backward, not stored per microbatch; the gradients stay the unpipelined ones."""
+    import dataclasses
+
+    from colossal_jax.pipeline import executor
+
+    par = dict(pipe=2, tensor_row=2, tensor_mode="1d", seq=2, seq_mode="ring", microbatches=4)
+    cfg = dataclasses.replace(_cfg(pipeline=pipeline, **par), remat="none")
+    seen = []
+    init = executor._StageProgram.__init__
+
+    def spy(self, *args, **kwargs):
+        init(self, *args, **kwargs)
+        seen.append(sum(1 for k in self._res_tree[1] if k is not None and k[0] == "derived"))
+
+    executor._StageProgram.__init__ = spy
+    try:
+        assert_pipelined_gradients_equal_plain(cfg)
+    finally:
+        executor._StageProgram.__init__ = init
+    assert seen and min(seen) > 0, seen
+
+
+def test_param_only_marks_and_recomputes_what_depends_on_the_parameters_alone():
+    import jax.numpy as jnp
+
+    from colossal_jax.pipeline.residuals import ParamOnly
+
+    outside = jnp.arange(2.0)
+
+    def fn(params, x):
+        w, b = params["w"], params["b"]
+        return [w.T, x @ w, jnp.cos(b) * 2, b + outside, w]
+
+    params = {"w": jnp.arange(6.0).reshape(3, 2), "b": jnp.ones(2)}
+    only = ParamOnly(fn, params, jnp.ones((4, 3)))
+    assert only.mask == [True, False, True, False, True]
+    got = only.recompute(params)
+    want = [params["w"].T, jnp.cos(params["b"]) * 2, params["w"]]
+    assert len(got) == 3 and all(jnp.allclose(g, w) for g, w in zip(got, want, strict=True))
+
+
 # every schedule at both depths with m = 8 (m = 4 is covered by the one-step gradient test
 # above); p = 2 runs with -m exhaustive (its one-step gradients are checked in the default run)
 CURVES = [

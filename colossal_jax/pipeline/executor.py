@@ -10,8 +10,9 @@ and at each tick a ``lax.switch`` on this stage's entry:
   or the activation received earlier; ``jax.vjp`` of the chunk gives the output and the
   backward's residuals, which are stored in a residual slot until the backward. The last chunk
   also runs the loss head and its ``vjp`` at once, so its gradient waits in a gradient slot.
-  Residuals that are the chunk's parameters themselves are not stored: the backward reads them
-  from the stack again (no tick changes it), so a slot holds activations only.
+  Residuals that are the chunk's parameters, or functions of them alone (a weight made varying
+  over a split axis, :mod:`colossal_jax.pipeline.residuals`), are not stored: the backward
+  takes them from the stack again (no tick changes it), so a slot holds activations only.
 - **backward**: the residuals are taken from their slot and the ``vjp`` applied to the gradient
   received from the next stage; parameter gradients accumulate; the first chunk also runs the
   embedding's backward.
@@ -50,7 +51,9 @@ are nonzero).
 
 from __future__ import annotations
 
+import contextlib
 import functools
+import itertools
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -59,6 +62,7 @@ import jax
 import jax.numpy as jnp
 
 from colossal_jax.layers.linear_tape import chunk_tape
+from colossal_jax.pipeline.residuals import ParamOnly
 from colossal_jax.pipeline.schedule import BACKWARD, COL, FORWARD, SEND_DOWN, SEND_UP, Schedule
 from colossal_jax.pipeline.slots import Records, read, write_if, zeros
 from colossal_jax.tensor.kernels import varying, varying_axes_of
@@ -133,6 +137,7 @@ class _StageProgram:
         n_local = jax.tree.leaves(stack)[0].shape[0]
         self.per_chunk = n_local // schedule.virtual_stages
         self._res_tree: list[Any] = []
+        self._derived: ParamOnly | None = None
         self.x_sds = jax.eval_shape(lambda r: self.embed(r, 0), rest)
         params, pos = self.chunk_params(0), batch.positions[0]
         if self.split:
@@ -201,24 +206,28 @@ class _StageProgram:
         """The chunk's output and the leaves of its ``vjp`` (the backward's residuals). Split,
         the ``vjp`` is taken w.r.t. ``(params, x, probes)`` with the linears' weights held
         constant: the probes' cotangents are the linears' inputs and output gradients."""
-        if not self.split:
-            y, pullback = jax.vjp(lambda prm, xx: self.chunk_fn(prm, xx, pos), params, x)
-        else:
 
-            def taped(prm, xx, probes):
-                with chunk_tape("forward", probes):
-                    return self.chunk_fn(prm, xx, pos)
+        def taped(prm, xx, probes=None):
+            with chunk_tape("forward", probes) if self.split else contextlib.nullcontext():
+                return self.chunk_fn(prm, xx, pos)
 
-            probes = jax.tree.map(lambda a: zeros(a.shape, a), self.probe_sds)
-            y, pullback = jax.vjp(taped, params, x, probes)
+        probes = [jax.tree.map(lambda a: zeros(a.shape, a), self.probe_sds)] if self.split else []
+        y, pullback = jax.vjp(taped, params, x, *probes)
         leaves, tree = jax.tree.flatten(pullback)
-        # residuals that are the chunk's own parameters are not stored per microbatch: the
+        # residuals that are the chunk's own parameters, or functions of them alone (a weight
+        # made varying over a split axis, residuals.py), are not stored per microbatch: the
         # backward takes them from the stack, which no tick changes; split, the scan of the
         # layers also keeps its zero probes (its scanned inputs), which the backward rebuilds
+        if self._derived is None:
+            vjp_leaves = lambda *a: jax.tree.leaves(jax.vjp(taped, *a)[1])  # noqa: E731
+            self._derived = ParamOnly(vjp_leaves, params, x, *probes)
         where = {id(a): ("param", i) for i, a in enumerate(jax.tree.leaves(params))}
-        if self.split:
-            where |= {id(a): ("zero", i) for i, a in enumerate(jax.tree.leaves(probes))}
-        from_params = tuple(where.get(id(leaf)) for leaf in leaves)
+        where |= {id(a): ("zero", i) for i, a in enumerate(jax.tree.leaves(probes))}
+        derived = itertools.count()
+        from_params = tuple(
+            where.get(id(leaf), ("derived", next(derived)) if only else None)
+            for leaf, only in zip(leaves, self._derived.mask, strict=True)
+        )
         if self._res_tree and self._res_tree[1] != from_params:
             raise AssertionError("a chunk's residuals changed between traces")
         self._res_tree[:] = [tree, from_params]
@@ -227,22 +236,21 @@ class _StageProgram:
 
     def _residuals(self, ins, row, v):
         """The chunk's ``vjp`` residuals for the backward of ``row``: the stored ones from their
-        slot, the parameters from the stack, the zero probes made anew."""
+        slot, the parameters (and what depends on them alone) from the stack, the zero probes
+        made anew."""
         slot = row[COL["residual_slot"]]
         if self.split:
             stored = iter(self.records.unpack(ins["rec"], slot, "res"))
         else:
             stored = iter([read(b, slot) for b in ins["res"]])
-        params = jax.tree.leaves(self.chunk_params(v))
+        chunk = self.chunk_params(v)
         probes = jax.tree.leaves(self.probe_sds) if self.split else []
-
-        def one(k):
-            if k is None:
-                return next(stored)
-            kind, i = k
-            return params[i] if kind == "param" else zeros(probes[i].shape, probes[i])
-
-        return [one(k) for k in self._res_tree[1]]
+        made = {
+            "param": jax.tree.leaves(chunk).__getitem__,
+            "derived": self._derived.recompute(chunk).__getitem__,
+            "zero": lambda i: zeros(probes[i].shape, probes[i]),
+        }
+        return [next(stored) if k is None else made[k[0]](k[1]) for k in self._res_tree[1]]
 
     def as_act(self, x):
         """``x`` typed as the activation (the embedding's and every chunk output's type)."""
