@@ -100,16 +100,9 @@ def _bytes(text: str, sched) -> float:
 
 
 def measure(
-    schedule: str,
-    p: int,
-    m: int,
-    v: int,
-    devices: int,
-    batch: int,
-    seq: int,
-    vocab: int = 0,
-    remat: str = "dots",
+    schedule: str, p: int, m: int, v: int, devices: int, batch: int, seq: int, **options
 ) -> dict:
+    """One schedule's compiled figures (module docstring); ``options``: ``vocab``, ``remat``."""
     import jax
 
     from colossal_jax.analysis.compute import matmul_flops
@@ -119,7 +112,7 @@ def measure(
     from colossal_jax.training.run import build
     from colossal_jax.training.steps import make_train_step
 
-    run = build(_config(p, schedule, m, v, devices, batch, seq, vocab, remat))
+    run = build(_config(p, schedule, m, v, devices, batch, seq, **options))
     abstract_params = abstract_like(run.abstract_params, run.param_shardings)
     opt_shapes = jax.eval_shape(run.tx.init, run.abstract_params)
     abstract_opt = abstract_like(opt_shapes, run.opt_shardings)
@@ -259,7 +252,15 @@ def main() -> int:
     ]
     for name, p, m, v in runs:
         r = measure(
-            name, p, m, v, args.devices, args.batch_size, args.seq_len, args.vocab, args.remat
+            name,
+            p,
+            m,
+            v,
+            args.devices,
+            args.batch_size,
+            args.seq_len,
+            vocab=args.vocab,
+            remat=args.remat,
         )
         records.append(r)
         print(

@@ -29,7 +29,7 @@ import os
 import sys
 from pathlib import Path
 
-from colossal_jax.auto import cost, hardware
+from colossal_jax.auto import hardware, memory
 from colossal_jax.auto.choose import budget_of, preset_text, summary
 from colossal_jax.auto.hardware import DEVICES
 from colossal_jax.auto.search import GB, Ranked, SearchResult, plan_for, why_lost
@@ -159,7 +159,7 @@ def verify(result: SearchResult, k: int, n: int, budget: float) -> list[str]:
     while at < len(ranked) and len(kept) < k and tried < 3 * k:
         r = ranked[at]
         at += 1
-        on_cpu = cost.memory_bytes(_on_cpu(r.plan))
+        on_cpu = memory.memory_bytes(_on_cpu(r.plan))
         if on_cpu > budget:  # its CPU compile keeps what the GPU's flash attention does not
             skipped.append(f"{r.name} ({on_cpu / GB:.1f} GB)")
             continue

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from colossal_jax.auto import cost, hardware, space
+from colossal_jax.auto import cost, hardware, memory, space
 from colossal_jax.auto.choose import preset_text
 from colossal_jax.auto.search import impossible, search
 from colossal_jax.checks.resolve import resolve
@@ -87,9 +87,9 @@ def test_pipeline_bubble_per_schedule():
     # B, the linears' inputs and output gradients — more than `full` remat's layer input
     zb = resolve(dataclasses.replace(base, parallel=dataclasses.replace(par, pipeline="zb-h1")), 4)
     assert cost.bubble(zb) == pytest.approx(1 / 12)
-    assert cost.memory_terms(zb)["pipe_kept"] >= cost.memory_terms(plan)["pipe_kept"]
+    assert memory.memory_terms(zb)["pipe_kept"] >= memory.memory_terms(plan)["pipe_kept"]
     full, zb_full = (resolve(dataclasses.replace(c.config, remat="full"), 4) for c in (plan, zb))
-    assert cost.memory_terms(zb_full)["pipe_kept"] > cost.memory_terms(full)["pipe_kept"]
+    assert memory.memory_terms(zb_full)["pipe_kept"] > memory.memory_terms(full)["pipe_kept"]
     zbv = dataclasses.replace(inter, pipeline="zb-v")
     cfg = dataclasses.replace(base, parallel=zbv, model_overrides={"n_layer": 4})
     assert cost.bubble(resolve(cfg, 4)) == pytest.approx(1 / 24)
@@ -240,24 +240,24 @@ def _resolved(platform: str, precision: str, **par) -> object:
 
 def test_flash_and_ring_attention_keep_no_scores():
     a, s = 8, 64  # gpt2-tiny's heads, _cfg's sequence
-    assert cost.scores_per_token(_resolved("cpu", "fp32", data=8)) == a * s
-    assert cost.scores_per_token(_resolved("gpu", "fp32", data=8)) == a * s  # cuDNN needs 16-bit
+    assert memory.scores_per_token(_resolved("cpu", "fp32", data=8)) == a * s
+    assert memory.scores_per_token(_resolved("gpu", "fp32", data=8)) == a * s  # cuDNN needs 16-bit
     flash = _resolved("gpu", "bf16", data=8)
-    assert cost.flash_attention(flash) and cost.scores_per_token(flash) == 0
+    assert memory.flash_attention(flash) and memory.scores_per_token(flash) == 0
     ulysses = _resolved("gpu", "bf16", data=2, seq=4, seq_mode="ulysses")
-    assert cost.scores_per_token(ulysses) == 0
+    assert memory.scores_per_token(ulysses) == 0
     ring = _resolved("cpu", "fp32", data=2, seq=4, seq_mode="ring")
-    assert cost.scores_per_token(ring) == 0
-    assert cost.scores_per_token(ring, kept=False) == a * s / 4  # one block while it runs
+    assert memory.scores_per_token(ring) == 0
+    assert memory.scores_per_token(ring, kept=False) == a * s / 4  # one block while it runs
     plain = _resolved("cpu", "fp32", data=2, seq=4, seq_mode="ulysses")
-    assert cost.memory_bytes(ring) < cost.memory_bytes(plain)
+    assert memory.memory_bytes(ring) < memory.memory_bytes(plain)
 
 
 def test_offloaded_state_counts_on_the_cpu_devices_and_not_on_a_gpu():
     def state(platform: str, offload: str) -> float:
         plan = _resolved(platform, "fp32", data=8)
         plan = resolve(dataclasses.replace(plan.config, offload=offload), plan.devices)
-        return cost.memory_terms(plan)["state"]
+        return memory.memory_terms(plan)["state"]
 
     assert state("cpu", "optimizer") == state("cpu", "none")
     assert state("gpu", "optimizer") == pytest.approx(state("gpu", "none") / 3)  # Adam: 2 slots
@@ -318,7 +318,7 @@ def test_verify_skips_a_gpu_plan_its_cpu_compile_could_not_confirm(monkeypatch):
     result = search(cfg, 1, hardware.hardware("h100"), budget=2**40)
     result.ranked[:] = _every_knob_of(result, cfg)
     best = result.ranked[0]
-    gpu, cpu = best.prediction.memory_bytes, cost.memory_bytes(plan_py._on_cpu(best.plan))
+    gpu, cpu = best.prediction.memory_bytes, memory.memory_bytes(plan_py._on_cpu(best.plan))
     assert cpu > gpu  # the scores: kept by XLA's attention, not by cuDNN's
     budget = (gpu + cpu) / 2
     compiled = []
@@ -331,7 +331,7 @@ def test_verify_skips_a_gpu_plan_its_cpu_compile_could_not_confirm(monkeypatch):
     lines = plan_py.verify(result, 1, 1, budget=budget)
     assert best.plan not in compiled and len(compiled) == 1
     assert any(line.startswith("skipped ") for line in lines)
-    assert cost.memory_bytes(plan_py._on_cpu(result.ranked[0].plan)) <= budget
+    assert memory.memory_bytes(plan_py._on_cpu(result.ranked[0].plan)) <= budget
 
 
 def _every_knob_of(result, cfg):

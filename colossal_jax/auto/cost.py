@@ -23,31 +23,27 @@ Everything is derived from the model's dimensions and the plan, in closed form (
   tensor, sequence and pipeline traffic is on the critical path of every layer and is not
   overlapped; host offload copies (as implemented, the offloaded tree is copied in at the step's
   start, docs/memory.md) are exposed. On the simulated CPU devices nothing overlaps.
-- **Memory per device.** The training state (fp32 parameters, gradients and optimizer slots,
-  split over the tensor and pipeline axes and over ``data`` by the ZeRO stage, as
-  :func:`~colossal_jax.config.model_rules.state_bytes`; offloaded state still counts, since the
-  step copies it in whole), a 16-bit copy of the parameters under bf16/fp16, ZeRO-3's gathered
-  layer, the activations each remat policy keeps (per layer and token, below) for the
-  microbatches in flight (1 without a pipeline, ``M`` for GPipe, ``p`` for 1F1B, ``p·(1 +
-  (p−1)/(p·V))`` interleaved and ZB-V, ``p`` ZB-H1; a split backward's record, the larger of
-  the residuals and the linears' inputs and output gradients), the logits and their gradient,
-  and a fixed per-device overhead. Attention keeps its ``a·s`` scores per token only where it
-  runs XLA's reference kernel: cuDNN flash attention (GPU, 16-bit) and ring attention keep
-  none (:func:`scores_per_token`). On a GPU the offloaded state stays in host memory.
+- **Memory per device**: :mod:`colossal_jax.auto.memory`.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from dataclasses import dataclass, field
 
 from colossal_jax.auto.hardware import Hardware
+from colossal_jax.auto.memory import MEMORY_COEF, memory_terms
+from colossal_jax.auto.per_device import (
+    act_bytes,
+    act_split,
+    dims,
+    params_per_device,
+    stored_params_per_device,
+    tokens_per_microbatch,
+)
 from colossal_jax.config.choices import MESH_ORDER
 from colossal_jax.config.optimizers import optimizer
 from colossal_jax.config.plan import Plan
-from colossal_jax.config.tensor_modes import tensor_mode
-from colossal_jax.config.tensor_split import param_split
 from colossal_jax.sequence import cost as seq_cost
 from colossal_jax.tensor.cost import Grid, layer_elements
 
@@ -55,13 +51,16 @@ RECOMPUTE = {"none": 0.0, "dots": 0.0, "selective": None, "full": 1 / 3, "offloa
 """Extra FLOPs of each remat policy as a fraction of the step's (None: the attention core's
 forward, computed per plan)."""
 
+
 OVERLAP = 2 / 3
 """The fraction of the compute (the backward pass) that hides the data axis's traffic (GPU)."""
+
 
 COLLECTIVES_PER_LAYER = {"none": 0, "1d": 4, "2d": 12, "2.5d": 12, "3d": 12}
 """Collectives per layer and microbatch, forward and backward, of each tensor mode (its α
 count): 1D's two all-reduces forward and two backward; the grids gather X and W and scatter
 back for each of four linears. A mode not listed counts 12."""
+
 
 PARAM_LEAVES = 16
 """Parameter arrays a reduction over ``data`` runs one collective for (scanned layers are
@@ -102,42 +101,6 @@ class Prediction:
         return self.model_flops / (peak * self.step_s)
 
 
-def stack_params(model) -> int:
-    """Parameters of the model's layer stack: ``n_layer`` times one layer's, one layer's read
-    off the family's own count (``param_count`` with one layer more, minus it)."""
-    deeper = dataclasses.replace(model, n_layer=model.n_layer + 1)
-    return model.n_layer * (deeper.param_count() - model.param_count())
-
-
-def params_per_device(plan: Plan) -> float:
-    """Parameters one device computes with before ZeRO: the stack split by the tensor mode and
-    over ``pipe``, the rest (embeddings, final norm, head) split by the tensor mode only, since
-    every pipeline stage gathers it whole for the step (:mod:`colossal_jax.pipeline.step`)."""
-    par = plan.config.parallel
-    return stored_params_per_device(plan) + rest_params_per_device(plan) * (1 - 1 / par.pipe)
-
-
-def rest_params_per_device(plan: Plan) -> float:
-    """The embeddings, final norm and head one device computes with: split by the tensor mode."""
-    return (plan.param_count - stack_params(plan.model)) / param_split(plan.config.parallel)
-
-
-def stored_params_per_device(plan: Plan) -> float:
-    """Parameters one device stores between steps before ZeRO: all of them split by the tensor
-    mode and over ``pipe`` (a pipeline stores the rest split over ``pipe`` too)."""
-    par = plan.config.parallel
-    return plan.param_count / par.pipe / param_split(par)
-
-
-def _act_bytes(plan: Plan) -> int:
-    return 4 if plan.precision == "fp32" else 2
-
-
-def _dims(plan: Plan) -> tuple[int, int, int, int, int]:
-    m = plan.model
-    return m.n_layer, m.n_embd, m.n_head, m.mlp_width, m.vocab_size
-
-
 def _grid(plan: Plan) -> Grid:
     par = plan.config.parallel
     q = par.tensor_row if par.tensor_mode not in ("none", "1d") else 1
@@ -162,13 +125,6 @@ unit ticks against 1F1B's ``3(p − 1)``, ZB-V ``p − 1`` half-size ticks again
 (``V = 2``)'s ``3(p − 1)`` (the tick tables with F, B and W one tick each, docs/
 pipeline_parallel.md; B and W cost about the same when the linears dominate)."""
 
-SPLIT_RECORD = (5, 1, 0)
-"""What a split backward's record holds after its B, per token and layer, as :data:`PER_TOKEN`
-counts (plus the MLP's ``w``-wide down-projection input, :func:`_record_elements`): the
-linears' inputs (3 h-wide and the ``w``-wide one) and output gradients (Q/K/V and the MLP's
-hidden values, the inner width, and 2 h-wide). Before its B it holds the remat policy's
-residuals; a record costs the larger (docs/pipeline_parallel.md)."""
-
 
 def bubble(plan: Plan) -> float:
     """The pipeline bubble as a fraction of the compute: ``(p − 1) / (M·V)``, a third of it for
@@ -180,24 +136,16 @@ def bubble(plan: Plan) -> float:
     return fused * ZERO_BUBBLE_SHARE.get(plan.pipeline, 1.0)
 
 
-def _tokens_per_microbatch(plan: Plan) -> float:
-    """Tokens of one microbatch of one data replica and sequence shard (the rows a tensor
-    group's linears see)."""
-    par = plan.config.parallel
-    seqs = plan.config.batch_size / (par.data * plan.schedule_microbatches)
-    return seqs * plan.config.seq_len / par.seq
-
-
 def axis_traffic(plan: Plan) -> dict[str, tuple[float, float]]:
     """``axis -> (bytes received per device per step, collectives)`` for every axis above 1;
     the tensor group's bytes are split evenly over its axes."""
     par, cfg = plan.config.parallel, plan.config
-    L, h, a, w, _ = _dims(plan)
-    ab, mt = _act_bytes(plan), plan.schedule_microbatches
+    L, h, a, w, _ = dims(plan)
+    ab, mt = act_bytes(plan), plan.schedule_microbatches
     layers = L // par.pipe
     psi = params_per_device(plan)
     out: dict[str, tuple[float, float]] = {}
-    tok = _tokens_per_microbatch(plan)
+    tok = tokens_per_microbatch(plan)
     if par.tensor_size > 1:
         per_layer = layer_elements(_grid(plan), int(tok), h, w) * ab
         t = par.tensor_size
@@ -223,7 +171,7 @@ def axis_traffic(plan: Plan) -> dict[str, tuple[float, float]]:
             el, count = 3 * seq_cost.ring_self_attention_forward_elements(b, s, hh, p), 6 * (p - 1)
         out["seq"] = (el * ab * layers * mt, count * layers * mt)
     if par.pipe > 1:
-        act = tok * h * ab / _act_split(plan)
+        act = tok * h * ab / act_split(plan)
         n = 2 * mt * plan.virtual_stages
         out["pipe"] = (n * act, n)
     if par.data > 1:
@@ -243,15 +191,6 @@ def axis_traffic(plan: Plan) -> dict[str, tuple[float, float]]:
     return out
 
 
-def _act_split(plan: Plan) -> int:
-    """How many pieces the tensor mode cuts a ``[tokens, h]`` activation into (1D keeps it
-    whole on every device; the grids cut rows and columns)."""
-    par = plan.config.parallel
-    if not tensor_mode(par.tensor_mode).splits_tensor or par.tensor_mode == "1d":
-        return 1
-    return par.tensor_size
-
-
 def _inner_sizes(plan: Plan) -> dict[str, int]:
     """For each axis, the product of the axis sizes inside it in the physical mesh order."""
     sizes = dict(zip(MESH_ORDER, plan.mesh_shape, strict=True))
@@ -260,192 +199,6 @@ def _inner_sizes(plan: Plan) -> dict[str, int]:
         out[axis] = inner
         inner *= sizes[axis]
     return out
-
-
-PER_TOKEN = {
-    "none": (12, 3.33, 1.92),
-    "dots": (2, 1, 1),
-    "selective": (2, 1, 0),
-    "full": (1, 0, 0),
-    "offload": (0, 0, 0),
-}
-"""Activation elements each remat policy keeps per token and layer, as counts of
-``(h-wide values, inner-width values (Q, K, V and the MLP's hidden values,
-:func:`_inner_width`; 3h + w for a GPT), attention scores a·s)``: ``none`` keeps every
-intermediate (LayerNorm inputs, outputs and statistics, the residuals, Q/K/V, the MLP's hidden
-layer before and after its activation, the scores, their mask and probabilities), ``dots`` the
-matmul outputs, ``selective`` those without a batch dimension (not the scores), ``full`` the
-layer input, ``offload`` nothing on the device. The counts are read off XLA's memory analysis
-of ``--mesh data=8`` for each policy (4-layer, 256-wide GPT, docs/planner.md); ``none``'s from
-two compiles of that GPT, ``data=8`` (which keeps the scores) and ``seq=8`` ring attention
-(which keeps none), which separate the scores' count (1.92) from the inner-width values' (3.33:
-GELU's tanh-form intermediates on the MLP's hidden layer among them), the h-wide count held at
-12 (until 2026-11-27 ``(12, 2, 3)``, read off ``data=8`` alone)."""
-
-MEMORY_COEF = {
-    "state": 1.0,
-    "grads": 1.0,
-    "kept": 1.0,
-    "working": 1.0,
-    "pipe_kept": 1.66,
-    "logits": 1.0,
-}
-"""The weight of each memory term (:func:`memory_terms`) in the predicted peak: the terms are
-structural estimates; their weights are fitted by least squares to the compiled memory analysis
-of the 4-layer, 256-wide GPT's plans on 8 CPU devices (docs/planner.md, "Memory")."""
-
-
-def _split_elements(plan: Plan, counts: tuple[int, int, int], *, kept: bool = True) -> float:
-    """Elements per token per layer on one device for ``counts`` (:data:`PER_TOKEN`): the grid
-    modes cut every activation over the whole tensor group, 1D cuts the (3h + width)-wide ones
-    and the heads, no tensor mode cuts nothing; Ulysses cuts the heads over ``seq``. The scores
-    are :func:`scores_per_token`'s (``kept``: held to the backward, else one layer's working
-    set)."""
-    par = plan.config.parallel
-    _, h, _, _, _ = _dims(plan)
-    nh, ni, ns = counts
-    t = par.tensor_size
-    scores = scores_per_token(plan, kept=kept)
-    inner = _inner_width(plan)
-    if _act_split(plan) > 1:  # a grid: everything over the group
-        return (nh * h + ni * inner + ns * scores) / t
-    if t > 1:  # 1D: h-wide values whole on every device
-        return nh * h + (ni * inner + ns * scores) / t
-    return nh * h + ni * inner + ns * scores
-
-
-def _record_elements(plan: Plan) -> float:
-    """Elements per token and layer a microbatch keeps on a stage between its forward and its
-    backward: the remat policy's (:data:`PER_TOKEN`); with a split backward (ZB-H1, ZB-V) the
-    larger of those and what the record holds after the B (:data:`SPLIT_RECORD`)."""
-    kept = _split_elements(plan, PER_TOKEN[plan.remat])
-    if plan.pipeline not in ZERO_BUBBLE_SHARE:
-        return kept
-    _, _, _, w, _ = _dims(plan)
-    t = plan.config.parallel.tensor_size
-    return max(kept, _split_elements(plan, SPLIT_RECORD) + w / t)
-
-
-def flash_attention(plan: Plan) -> bool:
-    """Whether the plan's attention runs cuDNN's fused (flash) kernel: on a GPU, in bf16/fp16,
-    ``--attention`` not ``xla``, where token order is position order (no sequence split, or
-    Ulysses; :func:`colossal_jax.sequence.fused.resolve`)."""
-    from colossal_jax.config.seq_modes import seq_mode
-
-    par = plan.config.parallel
-    in_order = par.seq == 1 or seq_mode(par.seq_mode).position_order
-    half = plan.precision in ("bf16", "fp16")
-    return plan.devices.platform == "gpu" and half and plan.config.attention != "xla" and in_order
-
-
-def scores_per_token(plan: Plan, *, kept: bool = True) -> float:
-    """Attention score elements per token and layer (``a·s``: every head's row of scores) that
-    the attention keeps for its backward (``kept``) or holds while it runs: none kept by
-    cuDNN flash attention (it keeps the output and the log-sum-exp, and recomputes the scores
-    in its backward) and by ring attention (its custom backward keeps q, k, v, the output and
-    the log-sum-exp, :mod:`colossal_jax.sequence.ring`); while running, the ring holds one
-    block's, ``a·s/seq``, and flash attention none outside the kernel."""
-    cfg, par = plan.config, plan.config.parallel
-    a = plan.model.n_head
-    if flash_attention(plan):
-        return 0.0
-    if par.seq > 1 and plan.seq_mode == "ring":
-        return 0.0 if kept else a * cfg.seq_len / par.seq
-    return float(a * cfg.seq_len)
-
-
-def _inner_width(plan: Plan) -> float:
-    """The width of a layer's values that every tensor mode splits: Q, K, V (``h + 2·kv``, K
-    and V narrower under grouped-query attention) and the MLP's hidden values, one ``w`` per
-    input matrix beyond the first (GPT: one; a gated MLP, SwiGLU: two), read off the model's
-    matmul parameters where it states them, else ``3h + w``."""
-    m = plan.model
-    _, h, a, w, vocab = _dims(plan)
-    if not hasattr(m, "matmul_params"):
-        return 3 * h + w
-    kv = getattr(m, "n_kv_head", a) * h / a
-    per_layer = (m.matmul_params() - h * vocab) / m.n_layer
-    mlp_inputs = max(1, round((per_layer - 2 * h * h - 2 * h * kv) / (h * w)) - 1)
-    return h + 2 * kv + mlp_inputs * w
-
-
-def memory_terms(plan: Plan) -> dict[str, float]:
-    """The terms of the predicted peak per device, in bytes (weights :data:`MEMORY_COEF`):
-
-    - ``state``: parameters and optimizer slots as stored (split by tensor, pipeline and ZeRO;
-      the step donates them, so its outputs alias them); offloaded state counts on the
-      simulated CPU devices, whose host memory is their memory, and not on a GPU;
-    - ``grads``: the fp32 gradient (split by ZeRO from stage 2), the accumulator beside it with
-      accumulation below stage 2, under bf16/fp16 a 16-bit parameter copy and the 16-bit
-      gradient before its cast to fp32, ZeRO-3's gathered layer, a pipeline's gathered rest;
-    - ``kept``: the activations the remat policy keeps (:data:`PER_TOKEN`) for every layer,
-      without a pipeline; ``pipe_kept`` the same for every layer of a stage and every
-      microbatch in flight, with one;
-    - ``working``: one layer's full intermediates while it is recomputed (``full``,
-      ``offload``) or run;
-    - ``logits``: the logits, their softmax and gradient in fp32.
-    """
-    par = plan.config.parallel
-    L, h, _, w, vocab = _dims(plan)
-    n = params_per_device(plan)
-    stored = stored_params_per_device(plan)
-    slots = optimizer(plan.config.optim.name).state_slots(plan.config.optim.b1)
-
-    def over(stage: int) -> int:
-        return par.data if plan.zero >= stage else 1
-
-    params, moments = 4 * stored / over(3), 4 * stored * slots / over(1)
-    if plan.devices.platform != "cpu":  # on an accelerator the offloaded tree stays in host
-        # memory: the update streams it leaf by leaf (compiled peaks of docs/gpu/ show no copy)
-        moments *= plan.offload == "none"
-        params *= plan.offload != "params"
-    state = params + moments
-    grads = 4 * n / over(2)
-    if par.pipelined:  # the rest gathered whole over pipe for the step, in the compute dtype
-        grads += _act_bytes(plan) * rest_params_per_device(plan)
-    if plan.grad_accum > 1 and plan.zero < 2:
-        grads += 4 * n / over(2)
-    if plan.precision != "fp32":  # the 16-bit parameter copy, the 16-bit gradient before its cast
-        # (ZeRO-3 reduce-scatters each layer's gradient inside the backward pass: one layer's)
-        grads += 2 * n / over(3) + (2 * n if plan.zero < 3 else 2 * n / L)
-    if plan.zero == 3:
-        grads += 2 * 4 * (4 * h * h + 2 * h * w) / param_split(par)
-    ab = _act_bytes(plan)
-    tok = _tokens_per_microbatch(plan)
-    layers = L // par.pipe
-    inflight = _in_flight(plan)
-    kept = _record_elements(plan) * ab * tok * layers * inflight
-    working = _split_elements(plan, PER_TOKEN["none"], kept=False) * ab * tok
-    logits = 3 * tok * vocab / plan.tensor_split.divisor("vocab size") * 4
-    return {
-        "state": state,
-        "grads": grads,
-        "kept": 0.0 if par.pipelined else kept,
-        "pipe_kept": kept if par.pipelined else 0.0,
-        "working": working,
-        "logits": logits,
-    }
-
-
-def memory_bytes(plan: Plan) -> float:
-    """The predicted peak bytes per device: :func:`memory_terms` weighted by
-    :data:`MEMORY_COEF`."""
-    return sum(MEMORY_COEF[k] * v for k, v in memory_terms(plan).items())
-
-
-def _in_flight(plan: Plan) -> float:
-    """Microbatches whose activations a stage holds at once."""
-    p = plan.config.parallel.pipe
-    if p == 1:
-        return 1.0
-    m = plan.schedule_microbatches
-    if plan.pipeline == "gpipe":
-        return float(m)
-    if plan.pipeline == "zb-h1":  # F to W: at most p records on a stage, 1F1B's peak
-        return float(min(p, m))
-    if plan.virtual_stages > 1:
-        return min(m * plan.virtual_stages, p * (1 + (p - 1) / (p * plan.virtual_stages)))
-    return float(min(p, m))
 
 
 def predict(plan: Plan, hw: Hardware) -> Prediction:
@@ -496,9 +249,9 @@ def _offload_seconds(plan: Plan, hw: Hardware) -> float:
     if plan.offload == "params":
         nbytes += 2 * 4 * n / par.data
     if plan.remat == "offload":
-        tok = _tokens_per_microbatch(plan)
+        tok = tokens_per_microbatch(plan)
         L, h = plan.model.n_layer, plan.model.n_embd
-        nbytes += 2 * tok * h * _act_bytes(plan) * (L // par.pipe) * plan.schedule_microbatches
+        nbytes += 2 * tok * h * act_bytes(plan) * (L // par.pipe) * plan.schedule_microbatches
     if nbytes == 0:
         return 0.0
     return hw.host.seconds(nbytes * (plan.n_devices if hw.shared else 1), 2)

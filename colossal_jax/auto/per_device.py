@@ -1,0 +1,80 @@
+"""A plan's sizes per device, shared by the planner's time and memory models
+(:mod:`colossal_jax.auto.cost`, :mod:`colossal_jax.auto.memory`): parameters computed with and
+stored, the model's dimensions, the bytes of an activation, the tokens of a microbatch, how a
+tensor mode cuts activations, the inner width of a layer."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from colossal_jax.config.plan import Plan
+from colossal_jax.config.tensor_modes import tensor_mode
+from colossal_jax.config.tensor_split import param_split
+
+
+def stack_params(model) -> int:
+    """Parameters of the model's layer stack: ``n_layer`` times one layer's, one layer's read
+    off the family's own count (``param_count`` with one layer more, minus it)."""
+    deeper = dataclasses.replace(model, n_layer=model.n_layer + 1)
+    return model.n_layer * (deeper.param_count() - model.param_count())
+
+
+def params_per_device(plan: Plan) -> float:
+    """Parameters one device computes with before ZeRO: the stack split by the tensor mode and
+    over ``pipe``, the rest (embeddings, final norm, head) split by the tensor mode only, since
+    every pipeline stage gathers it whole for the step (:mod:`colossal_jax.pipeline.step`)."""
+    par = plan.config.parallel
+    return stored_params_per_device(plan) + rest_params_per_device(plan) * (1 - 1 / par.pipe)
+
+
+def rest_params_per_device(plan: Plan) -> float:
+    """The embeddings, final norm and head one device computes with: split by the tensor mode."""
+    return (plan.param_count - stack_params(plan.model)) / param_split(plan.config.parallel)
+
+
+def stored_params_per_device(plan: Plan) -> float:
+    """Parameters one device stores between steps before ZeRO: all of them split by the tensor
+    mode and over ``pipe`` (a pipeline stores the rest split over ``pipe`` too)."""
+    par = plan.config.parallel
+    return plan.param_count / par.pipe / param_split(par)
+
+
+def act_bytes(plan: Plan) -> int:
+    return 4 if plan.precision == "fp32" else 2
+
+
+def dims(plan: Plan) -> tuple[int, int, int, int, int]:
+    m = plan.model
+    return m.n_layer, m.n_embd, m.n_head, m.mlp_width, m.vocab_size
+
+
+def tokens_per_microbatch(plan: Plan) -> float:
+    """Tokens of one microbatch of one data replica and sequence shard (the rows a tensor
+    group's linears see)."""
+    par = plan.config.parallel
+    seqs = plan.config.batch_size / (par.data * plan.schedule_microbatches)
+    return seqs * plan.config.seq_len / par.seq
+
+
+def act_split(plan: Plan) -> int:
+    """How many pieces the tensor mode cuts a ``[tokens, h]`` activation into (1D keeps it
+    whole on every device; the grids cut rows and columns)."""
+    par = plan.config.parallel
+    if not tensor_mode(par.tensor_mode).splits_tensor or par.tensor_mode == "1d":
+        return 1
+    return par.tensor_size
+
+
+def inner_width(plan: Plan) -> float:
+    """The width of a layer's values that every tensor mode splits: Q, K, V (``h + 2·kv``, K
+    and V narrower under grouped-query attention) and the MLP's hidden values, one ``w`` per
+    input matrix beyond the first (GPT: one; a gated MLP, SwiGLU: two), read off the model's
+    matmul parameters where it states them, else ``3h + w``."""
+    m = plan.model
+    _, h, a, w, vocab = dims(plan)
+    if not hasattr(m, "matmul_params"):
+        return 3 * h + w
+    kv = getattr(m, "n_kv_head", a) * h / a
+    per_layer = (m.matmul_params() - h * vocab) / m.n_layer
+    mlp_inputs = max(1, round((per_layer - 2 * h * h - 2 * h * kv) / (h * w)) - 1)
+    return h + 2 * kv + mlp_inputs * w
