@@ -163,7 +163,13 @@ def source_digest() -> str:
 def family_digest(model: str) -> str:
     """SHA-256 of the ``.py`` files beside the module that builds ``model``'s family (located
     by ``importlib.util.find_spec``, which runs none of it); ``"unknown"`` when not found."""
-    module = family_of(model).module.partition(":")[0]
+    return module_digest(family_of(model).module.partition(":")[0])
+
+
+@cache
+def module_digest(module: str) -> str:
+    """SHA-256 of the ``.py`` files beside ``module`` (found without importing it);
+    ``"unknown"`` when not found."""
     try:
         spec = importlib.util.find_spec(module)
     except (ImportError, ValueError):

@@ -5,10 +5,13 @@ The training state (fp32 parameters, gradients and optimizer slots, split over t
 pipeline axes and over ``data`` by the ZeRO stage, as
 :func:`~colossal_jax.config.model_rules.state_bytes`; offloaded state still counts, since the
 step copies it in whole), a 16-bit copy of the parameters under bf16/fp16, ZeRO-3's gathered
-layer, the activations each remat policy keeps (per layer and token, :data:`PER_TOKEN`) for the
-microbatches in flight (1 without a pipeline, ``M`` for GPipe, ``p`` for 1F1B, ``p·(1 +
+layer, the activations each remat policy keeps per layer and token (the model family's own
+residuals, traced, and one layer's working set, compiled once: :mod:`colossal_jax.auto.
+layer_memory`; split over the devices by the tensor and sequence modes) for the microbatches in
+flight (1 without a pipeline, ``M`` for GPipe, ``p`` for 1F1B, ``p·(1 +
 (p−1)/(p·V))`` interleaved and ZB-V, ``p`` ZB-H1; a split backward's record, the larger of the
-residuals and the linears' inputs and output gradients), the logits and their gradient. Attention
+residuals and the linears' inputs and output gradients; with a pipeline, the tick's body, a few
+chunks of them), the logits and their gradient. Attention
 keeps its ``a·s`` scores per token only where it runs XLA's reference kernel: cuDNN flash
 attention (GPU, 16-bit) and ring attention keep none (:func:`scores_per_token`). On a GPU the
 offloaded state stays in host memory.
@@ -16,6 +19,7 @@ offloaded state stays in host memory.
 
 from __future__ import annotations
 
+from colossal_jax.auto import layer_memory
 from colossal_jax.auto.per_device import (
     act_bytes,
     act_split,
@@ -46,18 +50,15 @@ PER_TOKEN = {
     "full": (1, 0, 0),
     "offload": (0, 0, 0),
 }
-"""Activation elements each remat policy keeps per token and layer, as counts of
-``(h-wide values, inner-width values (Q, K, V and the MLP's hidden values,
-:func:`_inner_width`; 3h + w for a GPT), attention scores a·s)``: ``none`` keeps every
-intermediate (LayerNorm inputs, outputs and statistics, the residuals, Q/K/V, the MLP's hidden
-layer before and after its activation, the scores, their mask and probabilities), ``dots`` the
+"""How the activations each remat policy keeps per token and layer divide between h-wide values
+and inner-width ones, as counts of ``(h-wide values, inner-width values (Q, K, V and the MLP's
+hidden values, :func:`~colossal_jax.auto.per_device.inner_width`; 3h + w for a GPT),
+attention scores a·s)``, read off XLA's memory analysis of the 4-layer, 256-wide GPT
+(docs/planner.md). Since 2026-11-27 only their proportion is used, :func:`h_share`: the share
+1D tensor parallelism does not split. How much a layer keeps is the family's own
+(:func:`colossal_jax.auto.layer_memory.kept`). ``none`` keeps every intermediate, ``dots`` the
 matmul outputs, ``selective`` those without a batch dimension (not the scores), ``full`` the
-layer input, ``offload`` nothing on the device. The counts are read off XLA's memory analysis
-of ``--mesh data=8`` for each policy (4-layer, 256-wide GPT, docs/planner.md); ``none``'s from
-two compiles of that GPT, ``data=8`` (which keeps the scores) and ``seq=8`` ring attention
-(which keeps none), which separate the scores' count (1.92) from the inner-width values' (3.33:
-GELU's tanh-form intermediates on the MLP's hidden layer among them), the h-wide count held at
-12 (until 2026-11-27 ``(12, 2, 3)``, read off ``data=8`` alone)."""
+layer input, ``offload`` nothing on the device."""
 
 
 MEMORY_COEF = {
@@ -65,43 +66,104 @@ MEMORY_COEF = {
     "grads": 1.0,
     "kept": 1.0,
     "working": 1.0,
-    "pipe_kept": 1.66,
+    "pipe_kept": 1.0,
+    "pipe_body": 2.34,
+    "pipe_body_split": 1.71,
     "logits": 1.0,
 }
-"""The weight of each memory term (:func:`memory_terms`) in the predicted peak: the terms are
-structural estimates; their weights are fitted by least squares to the compiled memory analysis
-of the 4-layer, 256-wide GPT's plans on 8 CPU devices (docs/planner.md, "Memory")."""
+"""The weight of each memory term (:func:`memory_terms`) in the predicted peak. All are 1 but a
+pipeline tick's body, which holds a few of its chunk's residual sets at once (made, copied out
+of the record buffers, their gradients): 2.34 chunks with a fused backward, 1.71 with a split
+one (its B and W each run half the backward), fitted by least squares to the compiled memory of
+the 4-layer, 256-wide GPT's pipelined plans on 8 CPU devices and held out on llama-tiny
+(docs/planner.md, "Memory")."""
 
 
-def _split_elements(plan: Plan, counts: tuple[int, int, int], *, kept: bool = True) -> float:
-    """Elements per token per layer on one device for ``counts`` (:data:`PER_TOKEN`): the grid
-    modes cut every activation over the whole tensor group, 1D cuts the (3h + width)-wide ones
-    and the heads, no tensor mode cuts nothing; Ulysses cuts the heads over ``seq``. The scores
-    are :func:`scores_per_token`'s (``kept``: held to the backward, else one layer's working
-    set)."""
-    par = plan.config.parallel
-    _, h, _, _, _ = dims(plan)
-    nh, ni, ns = counts
-    t = par.tensor_size
-    scores = scores_per_token(plan, kept=kept)
-    inner = inner_width(plan)
+def _split_elements(
+    plan: Plan, other: float, scores: float, *, h_share: float, kept: bool = True
+) -> float:
+    """Elements per token per layer on one device of ``other`` elements per token (of which
+    the share ``h_share`` is h-wide values) and ``scores`` score rows (units of ``a·s``, as
+    :func:`scores_per_token` counts them; ``kept``: held to the backward, else one layer's
+    working set): the grid modes cut every activation over the whole tensor group, 1D cuts all
+    but the h-wide values, no tensor mode cuts nothing; Ulysses cuts the heads over ``seq``
+    (its tokens are whole sequences of fewer heads)."""
+    t = plan.config.parallel.tensor_size
+    score_elements = scores * scores_per_token(plan, kept=kept)
     if act_split(plan) > 1:  # a grid: everything over the group
-        return (nh * h + ni * inner + ns * scores) / t
+        return (other + score_elements) / t
     if t > 1:  # 1D: h-wide values whole on every device
-        return nh * h + (ni * inner + ns * scores) / t
-    return nh * h + ni * inner + ns * scores
+        return other * h_share + (other * (1 - h_share) + score_elements) / t
+    return other + score_elements
+
+
+def h_share(plan: Plan, counts: tuple[float, float, float]) -> float:
+    """The share of h-wide values among the non-score ones ``counts`` (:data:`PER_TOKEN`)
+    keep: what 1D tensor parallelism does not split."""
+    _, h, _, _, _ = dims(plan)
+    nh, ni, _ = counts
+    total = nh * h + ni * inner_width(plan)
+    return nh * h / total if total > 0 else 1.0
+
+
+def _gathered_inputs(plan: Plan) -> float:
+    """Elements per token and layer a grid mode's matmuls hold beyond the local blocks: each
+    linear's input gathered along one side of the grid (SUMMA-style 2D, 2.5D and 3D: ``q``
+    times the ``1/t`` local block, ``q`` the grid's side), i.e. ``(3h + w)·(q − 1)/t`` for the
+    Q/K/V, output, MLP-in and MLP-out inputs. Kept under ``remat=none`` (everything is) and part
+    of every layer's working set; read off the buffer assignment of the 2.5D 2×2×2 GPT
+    (docs/planner.md)."""
+    par = plan.config.parallel
+    if act_split(plan) <= 1:
+        return 0.0
+    _, h, _, w, _ = dims(plan)
+    return (3 * h + w) * (par.tensor_row - 1) / par.tensor_size
+
+
+def kept_elements(plan: Plan, remat: str | None = None) -> float:
+    """Elements per token and layer the remat policy keeps on one device: the family's own
+    residuals (:func:`colossal_jax.auto.layer_memory.kept`), split as :func:`_split_elements`;
+    ``offload`` keeps nothing on the device."""
+    remat = remat or plan.remat
+    if remat == "offload":
+        return 0.0
+    k = layer_memory.kept(plan.model, remat)
+    share = h_share(plan, PER_TOKEN[remat])
+    gathered = _gathered_inputs(plan) if remat == "none" else 0.0
+    return _split_elements(plan, k.other, k.scores, h_share=share) + gathered
 
 
 def _record_elements(plan: Plan) -> float:
     """Elements per token and layer a microbatch keeps on a stage between its forward and its
-    backward: the remat policy's (:data:`PER_TOKEN`); with a split backward (ZB-H1, ZB-V) the
-    larger of those and what the record holds after the B (:data:`SPLIT_RECORD`)."""
-    kept = _split_elements(plan, PER_TOKEN[plan.remat])
+    backward: the remat policy's (:func:`kept_elements`); with a split backward (ZB-H1, ZB-V)
+    the larger of those and what the record holds after the B (:data:`SPLIT_RECORD`)."""
+    kept = kept_elements(plan)
     if not (plan.config.parallel.pipelined and pipeline_schedule(plan.pipeline).split_backward):
         return kept
-    _, _, _, w, _ = dims(plan)
-    t = plan.config.parallel.tensor_size
-    return max(kept, _split_elements(plan, SPLIT_RECORD) + w / t)
+    _, h, _, w, _ = dims(plan)
+    nh, ni, ns = SPLIT_RECORD
+    record = _split_elements(
+        plan, nh * h + ni * inner_width(plan) + w, ns, h_share=h_share(plan, SPLIT_RECORD)
+    )
+    return max(kept, record)
+
+
+def working_bytes(plan: Plan) -> float:
+    """One layer's backward transients on one device, in bytes: the family's measured working
+    set under ``remat=none`` (:func:`colossal_jax.auto.layer_memory.working`: per token, its
+    scores split like the kept ones, and one layer's weight gradient split by the tensor mode),
+    the grid's gathered linear inputs, and under a policy that recomputes, the intermediates it
+    recomputes (what ``none`` keeps beyond what the policy does)."""
+    w = layer_memory.working(plan.model, plan.config.seq_len)
+    share = h_share(plan, PER_TOKEN["none"])
+    per_token = _split_elements(plan, w.other, w.scores, h_share=share, kept=False)
+    per_token += _gathered_inputs(plan)
+    if plan.remat != "none":
+        per_token += kept_elements(plan, "none") - kept_elements(plan)
+    ab = act_bytes(plan)
+    return ab * (
+        per_token * tokens_per_microbatch(plan) + w.fixed / param_split(plan.config.parallel)
+    )
 
 
 def flash_attention(plan: Plan) -> bool:
@@ -141,11 +203,11 @@ def memory_terms(plan: Plan) -> dict[str, float]:
     - ``grads``: the fp32 gradient (split by ZeRO from stage 2), the accumulator beside it with
       accumulation below stage 2, under bf16/fp16 a 16-bit parameter copy and the 16-bit
       gradient before its cast to fp32, ZeRO-3's gathered layer, a pipeline's gathered rest;
-    - ``kept``: the activations the remat policy keeps (:data:`PER_TOKEN`) for every layer,
-      without a pipeline; ``pipe_kept`` the same for every layer of a stage and every
-      microbatch in flight, with one;
-    - ``working``: one layer's full intermediates while it is recomputed (``full``,
-      ``offload``) or run;
+    - ``kept``: the activations the remat policy keeps (:func:`kept_elements`) for every
+      layer, without a pipeline; ``pipe_kept`` the same for every layer of a stage and every
+      microbatch in flight, with one; ``pipe_body`` (fused backward) or ``pipe_body_split``
+      one chunk's worth, which the tick's body holds a few times over;
+    - ``working``: one layer's backward transients (:func:`working_bytes`);
     - ``logits``: the logits, their softmax and gradient in fp32.
     """
     par = plan.config.parallel
@@ -177,14 +239,19 @@ def memory_terms(plan: Plan) -> dict[str, float]:
     tok = tokens_per_microbatch(plan)
     layers = L // par.pipe
     inflight = _in_flight(plan)
-    kept = _record_elements(plan) * ab * tok * layers * inflight
-    working = _split_elements(plan, PER_TOKEN["none"], kept=False) * ab * tok
+    record = _record_elements(plan) * ab * tok
+    kept = record * layers * inflight
+    chunk = record * layers / plan.virtual_stages
+    split = par.pipelined and pipeline_schedule(plan.pipeline).split_backward
+    working = working_bytes(plan)
     logits = 3 * tok * vocab / plan.tensor_split.divisor("vocab size") * 4
     return {
         "state": state,
         "grads": grads,
         "kept": 0.0 if par.pipelined else kept,
         "pipe_kept": kept if par.pipelined else 0.0,
+        "pipe_body": chunk if par.pipelined and not split else 0.0,
+        "pipe_body_split": chunk if split else 0.0,
         "working": working,
         "logits": logits,
     }
