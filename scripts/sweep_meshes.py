@@ -87,6 +87,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="measure nothing: the rows of an earlier --json, predicted again by the current "
         "cost model",
     )
+    p.add_argument(
+        "--fit",
+        action="store_true",
+        help="with --from-json: print the simulated CPU devices' step costs (hardware.CPU_STEP) "
+        "fitted to the sweep's measured times",
+    )
     p.add_argument("--cache-dir", type=Path, help="the planner's cache (default: its usual one)")
     return p.parse_args(argv)
 
@@ -155,6 +161,18 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 2
     print(f"{len(rows)} plans; the planner chose {rows[0].name}", flush=True)
+    if args.fit:
+        from colossal_jax.auto import fit_cpu
+
+        if not args.from_json:
+            print("error: --fit needs --from-json SWEEP.json (a measured sweep)", file=sys.stderr)
+            return 2
+        try:
+            print(json.dumps({"CPU_STEP": fit_cpu.fit(rows, hw)}, indent=1))
+        except ValueError as e:
+            print(f"error: {e}", file=sys.stderr)
+            return 2
+        return 0
     complete = True if args.from_json else measure(rows, args)
     summary = sweep.summarize(rows)
     summary["complete"] = complete

@@ -28,10 +28,11 @@ Everything is derived from the model's dimensions and the plan, in closed form (
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass, field
 
-from colossal_jax.auto.hardware import Hardware
+from colossal_jax.auto.hardware import CPU_STEP, Hardware
 from colossal_jax.auto.memory import MEMORY_COEF, memory_terms
 from colossal_jax.auto.per_device import (
     act_bytes,
@@ -72,8 +73,10 @@ class Prediction:
     """Predicted figures of one plan's step, per device.
 
     Attributes:
-      step_s: the step time: compute + bubble + exposed communication + offload copies.
-      compute_s, bubble_s, comm_s, offload_s: its parts (``comm_s``: exposed only).
+      step_s: the step time: compute + bubble + exposed communication + offload copies + the
+        simulated CPU devices' own costs.
+      compute_s, bubble_s, comm_s, offload_s, cpu_s: its parts (``comm_s``: exposed only;
+        ``cpu_s``: :func:`cpu_terms`, 0 on a GPU).
       memory_bytes: peak bytes per device.
       axis_bytes: bytes received per device per step on each mesh axis (before overlap).
       axis_s: seconds of each axis's traffic (before overlap).
@@ -94,6 +97,7 @@ class Prediction:
     model_flops: float
     state_bytes: float
     activation_bytes: float
+    cpu_s: float = 0.0
 
     def mfu(self, hw: Hardware, n: int) -> float:
         """Model FLOPs utilisation: the model's FLOPs over ``n`` devices' peak for the step."""
@@ -218,11 +222,12 @@ def predict(plan: Plan, hw: Hardware) -> Prediction:
         hidden = 0.0 if hw.shared else OVERLAP * compute
         exposed += max(0.0, axis_s["data"] - hidden)
     offload = _offload_seconds(plan, hw)
+    cpu = sum(CPU_STEP[k] * v for k, v in cpu_terms(plan).items()) if hw.shared else 0.0
     terms = memory_terms(plan)
     state = MEMORY_COEF["state"] * terms["state"] + MEMORY_COEF["grads"] * terms["grads"]
     act = sum(MEMORY_COEF[k] * v for k, v in terms.items() if k not in ("state", "grads"))
     return Prediction(
-        step_s=compute + bub + exposed + offload,
+        step_s=compute + bub + exposed + offload + cpu,
         compute_s=compute,
         bubble_s=bub,
         comm_s=exposed,
@@ -234,7 +239,39 @@ def predict(plan: Plan, hw: Hardware) -> Prediction:
         model_flops=model_flops,
         state_bytes=state,
         activation_bytes=act,
+        cpu_s=cpu,
     )
+
+
+def cpu_terms(plan: Plan) -> dict[str, float]:
+    """The units of a step's costs on simulated CPU devices that its FLOPs and link bytes do not
+    carry, summed over the devices (they share the host's cores), each priced by
+    :data:`~colossal_jax.auto.hardware.CPU_STEP`: ``xla_score_s`` and ``ring_score_s``, the
+    attention score elements of the step by kernel (``batch · heads · s² · layers``, a third
+    more where the remat policy recomputes the attention forward); ``tick_byte_s``, for a
+    pipeline, its ticks times the bytes of one microbatch's ``h``-wide activation on a device,
+    over every device. (Each collective's cost is its link's α, at least ``collective_s``.)"""
+    cfg, par, m = plan.config, plan.config.parallel, plan.model
+    scores = cfg.batch_size * m.n_head * cfg.seq_len**2 * m.n_layer
+    if plan.remat != "none":
+        scores *= 4 / 3
+    ring = par.seq > 1 and plan.seq_mode == "ring"
+    ticks = 0.0
+    if par.pipelined:
+        ticks = _ticks(plan.pipeline, par.pipe, plan.schedule_microbatches, plan.virtual_stages)
+        ticks *= tokens_per_microbatch(plan) * m.n_embd * act_bytes(plan) * plan.n_devices
+    return {
+        "xla_score_s": 0.0 if ring else float(scores),
+        "ring_score_s": float(scores) if ring else 0.0,
+        "tick_byte_s": ticks,
+    }
+
+
+@functools.lru_cache(maxsize=1024)
+def _ticks(schedule: str, p: int, m: int, v: int) -> int:
+    from colossal_jax.pipeline.schedule import build
+
+    return build(schedule, p, m, v).ticks
 
 
 def _offload_seconds(plan: Plan, hw: Hardware) -> float:

@@ -165,12 +165,28 @@ CPU_DEFAULT: dict = {
 """The CPU model used when no calibration file exists (``scripts/calibrate_cpu.py`` writes
 one)."""
 
-CPU_ALPHA_S = 6e-3
-"""The least fixed cost of one collective inside a whole step on simulated CPU devices: each
-collective is a rendezvous of every device's thread on the shared cores, which an isolated
-timing of one collective (the calibration's α, about 0) does not see. Read off the first paired
-measurements of the 4-layer GPT's plans on 8 devices (docs/planner.md): the step grew by about
-1.1% of its compute per collective, i.e. 6 ms at the calibrated FLOP rate."""
+CPU_STEP = {
+    "collective_s": 2.06e-3,
+    "xla_score_s": 1.86e-8,
+    "ring_score_s": 1.53e-8,
+    "tick_byte_s": 4.43e-9,
+}
+"""What a step on simulated CPU devices costs beyond its matmuls and its bytes on the links,
+per unit (:func:`colossal_jax.auto.cost.cpu_terms`): every collective (a rendezvous of every
+device's thread on the shared cores, which an isolated timing of one collective, the
+calibration's α of about 0, does not see); every attention score element of a step, by kernel
+(XLA's attention materialises ``[heads, s, s]`` blocks and streams them through the softmax and
+its gradient, memory-bound with head sizes of 8–32; the ring's blockwise kernel a little less);
+and every byte of a microbatch's ``h``-wide activation per pipeline tick (each tick reads and
+writes its slot buffers and switches branches on every device's thread). Fitted by non-negative
+least squares to the measured step times of the 4-layer, 256-wide GPT's sweep
+(``docs/planner_sweep_gpt_quiet5.json``: ``scripts/sweep_meshes.py --from-json … --fit``), the
+llama-tiny sweep held out (docs/planner.md). Until 2026-11-27 only a 6 ms floor on every
+collective's α stood for all of it."""
+
+CPU_ALPHA_S = CPU_STEP["collective_s"]
+"""The least fixed cost of one collective inside a whole step on simulated CPU devices
+(:data:`CPU_STEP`)."""
 
 CALIBRATION_ENV = "COLOSSAL_JAX_CALIBRATION"
 """Environment variable naming the CPU calibration JSON (else :func:`calibration_path`)."""
