@@ -57,15 +57,26 @@ OVERLAP = 2 / 3
 """The fraction of the compute (the backward pass) that hides the data axis's traffic (GPU)."""
 
 
-COLLECTIVES_PER_LAYER = {"none": 0, "1d": 4, "2d": 12, "2.5d": 12, "3d": 12}
+COLLECTIVES_PER_LAYER = {"none": 0, "1d": 6, "2d": 30, "2.5d": 30, "3d": 30}
 """Collectives per layer and microbatch, forward and backward, of each tensor mode (its α
-count): 1D's two all-reduces forward and two backward; the grids gather X and W and scatter
-back for each of four linears. A mode not listed counts 12."""
+count), as XLA compiles them (the 4-layer GPT's and llama-tiny's plans on 8 CPU devices,
+counted in their HLO with loop trips): 1D's all-reduces, about 6 (two forward, two backward,
+the layer norms' and the embedding's share); the grids' all-gathers of X and W and
+reduce-scatters back for every linear, forward and backward, about 30 (118–121 for 4 layers).
+Until 2026-11-27 ``1d`` 4 and the grids 12, counted from the formulas. A mode not listed
+counts 30."""
 
 
-PARAM_LEAVES = 16
-"""Parameter arrays a reduction over ``data`` runs one collective for (scanned layers are
-stacked: about 16 leaves whatever the depth)."""
+RING_COLLECTIVES_PER_HOP = 8
+"""Ring attention's collective-permutes per layer, microbatch and hop: K and V forward, K, V
+and their gradients backward, and the positions both ways, as compiled (95 for 4 layers at
+``seq=4``, 211 at ``seq=8``; until 2026-11-27 6)."""
+
+
+PARAM_LEAVES = 3
+"""Collectives a reduction over ``data`` runs as compiled: XLA's all-reduce combiner merges the
+gradient's leaves into about 3 (``data=8`` of the 4-layer GPT and llama-tiny; until 2026-11-27
+16, one per stacked leaf)."""
 
 
 @dataclass(frozen=True)
@@ -155,7 +166,7 @@ def axis_traffic(plan: Plan) -> dict[str, tuple[float, float]]:
         t = par.tensor_size
         embed = 4 * (t - 1) / t * tok * h * ab  # embedding out + logits stats, fwd + bwd
         total = (per_layer * layers + embed) * mt
-        count = COLLECTIVES_PER_LAYER.get(par.tensor_mode, 12) * layers * mt
+        count = COLLECTIVES_PER_LAYER.get(par.tensor_mode, 30) * layers * mt
         axes = [x for x in ("tensor_row", "tensor_col", "tensor_depth") if getattr(par, x) > 1]
         for x in axes:
             out[x] = (total / len(axes), count / len(axes))
@@ -170,7 +181,7 @@ def axis_traffic(plan: Plan) -> dict[str, tuple[float, float]]:
             el = seq_cost.ring_forward_elements(b, s, hh, p) + seq_cost.ring_backward_elements(
                 b, s, hh, p
             )
-            count = 6 * (p - 1)
+            count = RING_COLLECTIVES_PER_HOP * (p - 1)
         else:  # ring self-attention: RingQK and RingAV forward, twice that backward
             el, count = 3 * seq_cost.ring_self_attention_forward_elements(b, s, hh, p), 6 * (p - 1)
         out["seq"] = (el * ab * layers * mt, count * layers * mt)

@@ -166,10 +166,10 @@ CPU_DEFAULT: dict = {
 one)."""
 
 CPU_STEP = {
-    "collective_s": 2.06e-3,
-    "xla_score_s": 1.86e-8,
-    "ring_score_s": 1.53e-8,
-    "tick_byte_s": 4.43e-9,
+    "collective_s": 5.40e-4,
+    "xla_score_s": 2.56e-8,
+    "ring_score_s": 2.23e-8,
+    "tick_byte_s": 3.34e-9,
 }
 """What a step on simulated CPU devices costs beyond its matmuls and its bytes on the links,
 per unit (:func:`colossal_jax.auto.cost.cpu_terms`): every collective (a rendezvous of every
@@ -179,9 +179,10 @@ calibration's α of about 0, does not see); every attention score element of a s
 its gradient, memory-bound with head sizes of 8–32; the ring's blockwise kernel a little less);
 and every byte of a microbatch's ``h``-wide activation per pipeline tick (each tick reads and
 writes its slot buffers and switches branches on every device's thread). Fitted by non-negative
-least squares to the measured step times of the 4-layer, 256-wide GPT's sweep
-(``docs/planner_sweep_gpt_quiet5.json``: ``scripts/sweep_meshes.py --from-json … --fit``), the
-llama-tiny sweep held out (docs/planner.md). Until 2026-11-27 only a 6 ms floor on every
+least squares to the measured step times of two sweeps of the 4-layer, 256-wide GPT, 40 plans
+(``docs/planner_sweep_gpt_quiet5.json`` and ``docs/planner_sweep_gpt_fit2.json``, normalised
+times: ``scripts/sweep_meshes.py --from-json docs/planner_sweep_gpt_fit.json --fit``), the
+llama-tiny sweeps held out (docs/planner.md). Until 2026-11-27 only a 6 ms floor on every
 collective's α stood for all of it."""
 
 CPU_ALPHA_S = CPU_STEP["collective_s"]

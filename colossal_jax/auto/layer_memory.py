@@ -40,10 +40,15 @@ it unrolls it and the buffers differ)."""
 @dataclasses.dataclass(frozen=True)
 class Kept:
     """Elements one layer keeps per token: ``other`` (values with one token dimension) and
-    ``scores`` (``[heads, s, s]`` blocks, in units of ``a·s``: one score row of every head)."""
+    ``scores`` (``[heads, s, s]`` blocks, in units of ``a·s``: one score row of every head);
+    ``whole``, the part of ``other`` that 1D tensor parallelism leaves whole on every device:
+    the ``h``-wide values and per-token statistics (``[s, h]``, ``[s, 1]``), less the one
+    ``[s, h]`` value the heads split (the attention's merged output, the output projection's
+    input)."""
 
     other: float
     scores: float
+    whole: float = 0.0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -100,7 +105,7 @@ def kept(model: Any, remat: str) -> Kept:
     s = TRACE_LEN
     x = jax.ShapeDtypeStruct((1, s, model.n_embd), jnp.float32)
     positions = jax.ShapeDtypeStruct((1, s), jnp.int32)
-    other = scores = 0.0
+    other = scores = whole = 0.0
     for aval, where in saved_residuals(f, params, x, positions):
         if "output of scan" not in where:  # parameters, the stack's loop-invariant values
             continue
@@ -111,7 +116,12 @@ def kept(model: Any, remat: str) -> Kept:
             scores += size / (s * s) / model.n_head
         elif tokens == 1:
             other += size / s
-    return Kept(other, scores)
+            widths = [d for d in shape if d not in (1, s)]
+            if widths in ([], [model.n_embd]):
+                whole += size / s
+    if scores > 0:  # attention: its merged heads are [s, h] here, split by 1D
+        whole = max(0.0, whole - model.n_embd)
+    return Kept(other, scores, whole)
 
 
 @functools.lru_cache(maxsize=64)

@@ -106,6 +106,19 @@ def h_share(plan: Plan, counts: tuple[float, float, float]) -> float:
     return nh * h / total if total > 0 else 1.0
 
 
+def _whole_share(plan: Plan, remat: str) -> float:
+    """The share of a layer's non-score kept values that 1D tensor parallelism leaves whole on
+    every device: under ``none``, read off the family's traced residuals
+    (:attr:`colossal_jax.auto.layer_memory.Kept.whole`: 0.26 for the 4-layer GPT, where its 1D
+    plans' compiled memory says 0.25); under the policies that keep matmul outputs, whose
+    ``[s, h]`` Q/K/V outputs the trace cannot tell from the whole ones, :data:`PER_TOKEN`'s
+    proportion."""
+    if remat != "none":
+        return h_share(plan, PER_TOKEN[remat])
+    k = layer_memory.kept(plan.model, "none")
+    return k.whole / k.other if k.other > 0 else 1.0
+
+
 def _gathered_inputs(plan: Plan) -> float:
     """Elements per token and layer a grid mode's matmuls hold beyond the local blocks: each
     linear's input gathered along one side of the grid (SUMMA-style 2D, 2.5D and 3D: ``q``
@@ -128,7 +141,7 @@ def kept_elements(plan: Plan, remat: str | None = None) -> float:
     if remat == "offload":
         return 0.0
     k = layer_memory.kept(plan.model, remat)
-    share = h_share(plan, PER_TOKEN[remat])
+    share = _whole_share(plan, remat)
     gathered = _gathered_inputs(plan) if remat == "none" else 0.0
     return _split_elements(plan, k.other, k.scores, h_share=share) + gathered
 
@@ -155,7 +168,7 @@ def working_bytes(plan: Plan) -> float:
     the grid's gathered linear inputs, and under a policy that recomputes, the intermediates it
     recomputes (what ``none`` keeps beyond what the policy does)."""
     w = layer_memory.working(plan.model, plan.config.seq_len)
-    share = h_share(plan, PER_TOKEN["none"])
+    share = _whole_share(plan, "none")
     per_token = _split_elements(plan, w.other, w.scores, h_share=share, kept=False)
     per_token += _gathered_inputs(plan)
     if plan.remat != "none":

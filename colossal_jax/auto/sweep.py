@@ -214,6 +214,11 @@ def _measure_or_fail(row: Row, steps: int, cache: Cache, reference: _Reference |
         print(f"warning: {row.name}: {row.error}", file=sys.stderr)
 
 
+REFERENCE_STEPS = 3
+"""Steps of the reference plan timed before and after each plan of a paired sweep (their
+median each): one step alone moved by ±18% on a quiet 2-core machine."""
+
+
 class _Reference:
     """The reference plan of a paired sweep, compiled (and warmed up) at its first use."""
 
@@ -222,11 +227,11 @@ class _Reference:
         self._stepper: Stepper | None = None
 
     def step(self) -> float:
-        """The seconds of one reference step."""
+        """The median seconds of :data:`REFERENCE_STEPS` reference steps."""
         if self._stepper is None:
             self._stepper = Stepper(self.plan)
             self._stepper.time(1)  # the warm-up
-        return self._stepper.time(1)
+        return self._stepper.time(REFERENCE_STEPS)
 
 
 def normalize(rows: list[Row]) -> None:
@@ -242,7 +247,7 @@ def normalize(rows: list[Row]) -> None:
 
 def _measure(row: Row, steps: int, cache: Cache, reference: _Reference | None) -> None:
     """Fill ``row`` from ``cache``, or measure it (between two reference steps when given)."""
-    extra = (steps, reference.name) if reference is not None else (steps,)
+    extra = (steps, reference.name, REFERENCE_STEPS) if reference is not None else (steps,)
     key, parts = plan_key(row.ranked.plan, "paired" if reference else "measured", *extra)
     hit = cache.get(key)
     if hit is not None:

@@ -1,0 +1,139 @@
+"""The planner's per-family activation memory (auto/layer_memory.py: kept residuals traced,
+the backward's working set compiled once), the grid modes' gathered inputs, and the simulated
+CPU devices' step costs (cost.cpu_terms) with their fit to a sweep (auto/fit_cpu.py).
+docs/planner.md."""
+
+from __future__ import annotations
+
+import dataclasses
+from types import SimpleNamespace
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from colossal_jax.auto import cost, fit_cpu, hardware, layer_memory, memory
+from colossal_jax.checks.resolve import resolve
+from colossal_jax.config import ParallelConfig, TrainConfig
+from colossal_jax.config.families import model_config
+from colossal_jax.config.plan import Devices
+
+SMALL = {"n_layer": 2, "n_embd": 64, "n_head": 4}
+
+
+def _plan(platform: str = "cpu", **par) -> object:
+    cfg = TrainConfig(
+        model="gpt2-tiny",
+        model_overrides=SMALL,
+        batch_size=8,
+        seq_len=32,
+        devices=8,
+        precision="fp32",
+        remat="none",
+        parallel=ParallelConfig(**par),
+    )
+    return resolve(cfg, Devices(count=8, platform=platform))
+
+
+def _compiled_kept_per_token(model, seq: int) -> float:
+    """What XLA stores per layer and token in the compiled stack: the temporaries of the
+    stack's gradient at one layer more, less them at one fewer."""
+    temps = {}
+    for layers in (layer_memory.STACK, layer_memory.STACK + 1):
+        f, params = layer_memory._stack_fn(model, layers, "none")
+        x = jax.ShapeDtypeStruct((2, seq, model.n_embd), jnp.float32)
+        pos = jax.ShapeDtypeStruct((2, seq), jnp.int32)
+        compiled = jax.jit(jax.grad(f, argnums=(0, 1))).lower(params, x, pos).compile()
+        temps[layers] = compiled.memory_analysis().temp_size_in_bytes / 4
+    return (temps[layer_memory.STACK + 1] - temps[layer_memory.STACK]) / (2 * seq)
+
+
+def test_traced_residuals_are_what_the_compiled_stack_keeps():
+    model = model_config("gpt2-tiny", **SMALL)
+    seq = 32
+    k = layer_memory.kept(model, "none")
+    assert k.scores == pytest.approx(2.0)  # the scores and their probabilities
+    traced = k.other + k.scores * model.n_head * seq
+    assert traced == pytest.approx(_compiled_kept_per_token(model, seq), rel=0.05)
+
+
+def test_policies_keep_less_in_order_and_offload_nothing():
+    model = model_config("gpt2-tiny", **SMALL)
+    kept = {r: layer_memory.kept(model, r) for r in ("none", "dots", "selective", "full")}
+    assert kept["none"].other > kept["dots"].other > kept["selective"].other > kept["full"].other
+    assert (kept["dots"].scores, kept["selective"].scores, kept["full"].scores) == (1, 0, 0)
+    assert kept["full"].other == model.n_embd  # the layer's input alone
+    offload = dataclasses.replace(_plan(data=8), remat="offload")
+    assert memory.kept_elements(offload) == 0.0
+
+
+def test_working_set_is_compiled_once_then_read_from_disk(tmp_path, monkeypatch):
+    monkeypatch.setenv("COLOSSAL_JAX_CACHE", str(tmp_path))
+    model = model_config("gpt2-tiny", **{**SMALL, "n_embd": 96})  # a size nothing else uses
+    layer_memory.working.cache_clear()
+    first = layer_memory.working(model, 32)
+    assert first.other >= 0 and first.scores >= 0 and first.fixed > 0
+    assert list((tmp_path / "layer").glob("*.json"))
+    layer_memory.working.cache_clear()
+
+    def no_compile(*_a, **_k):
+        raise AssertionError("compiled again instead of reading the cache")
+
+    monkeypatch.setattr(layer_memory, "_temp_elements", no_compile)
+    assert layer_memory.working(model, 32) == first
+
+
+def test_grid_modes_hold_their_linears_gathered_inputs():
+    flat = _plan(data=2, tensor_row=2, tensor_col=2, tensor_mode="2d")
+    model, t, q = flat.model, 4, 2
+    gathered = (3 * model.n_embd + model.mlp_width) * (q - 1) / t
+    assert memory._gathered_inputs(flat) == pytest.approx(gathered)
+    one_d = _plan(data=2, tensor_row=4, tensor_mode="1d")
+    assert memory._gathered_inputs(one_d) == 0.0
+    depth_only = _plan(data=2, tensor_depth=4, tensor_mode="2.5d")  # q = 1: nothing gathered
+    assert memory._gathered_inputs(depth_only) == 0.0
+
+
+def test_cpu_terms_price_attention_by_kernel_and_ticks_by_pipeline():
+    plain = cost.cpu_terms(_plan(data=8))
+    scores = 8 * 4 * 32**2 * 2  # batch · heads · s² · layers
+    assert plain == {"xla_score_s": scores, "ring_score_s": 0.0, "tick_byte_s": 0.0}
+    ring = cost.cpu_terms(_plan(data=2, seq=4, seq_mode="ring"))
+    assert ring["xla_score_s"] == 0.0 and ring["ring_score_s"] == scores
+    piped = cost.cpu_terms(_plan(data=4, pipe=2, pipeline="1f1b", microbatches=4))
+    assert piped["tick_byte_s"] > 0
+    gpu = _plan("gpu", data=8)
+    assert cost.predict(gpu, hardware.hardware("h100")).cpu_s == 0.0
+    cpu_hw = hardware.cpu_from(hardware.CPU_DEFAULT)
+    assert cost.predict(_plan(data=8), cpu_hw).cpu_s > 0
+
+
+def test_nnls_drops_a_negative_coefficient():
+    rng = np.random.default_rng(0)
+    a = rng.uniform(1, 2, size=(20, 3))
+    y = a @ np.array([2.0, 0.0, 3.0]) - 0.5 * a[:, 1]  # the free fit wants −0.5
+    x = fit_cpu.nnls(a, y)
+    assert (x >= 0).all() and x[1] == 0.0
+
+
+def test_fit_recovers_the_figures_a_sweep_was_made_with():
+    hw = hardware.cpu_from(hardware.CPU_DEFAULT)
+    truth = {"collective_s": 1e-3, "xla_score_s": 2e-8, "ring_score_s": 1e-8, "tick_byte_s": 5e-9}
+    layouts = [
+        {"data": 8},
+        {"data": 2, "seq": 4, "seq_mode": "ring"},
+        {"data": 2, "seq": 4, "seq_mode": "ulysses"},
+        {"data": 4, "pipe": 2, "pipeline": "1f1b", "microbatches": 4},
+        {"data": 2, "pipe": 4, "pipeline": "gpipe", "microbatches": 8},
+        {"data": 4, "tensor_row": 2, "tensor_mode": "1d"},
+        {"seq": 8, "seq_mode": "ring"},
+    ]
+    rows = []
+    for par in layouts:
+        plan = _plan(**par)
+        priced, units = fit_cpu.features(plan, hw)
+        seconds = priced + sum(truth[k] * units[k] for k in truth)
+        rows.append(SimpleNamespace(seconds=seconds, ranked=SimpleNamespace(plan=plan)))
+    got = fit_cpu.fit(rows, hw)
+    assert got == pytest.approx(truth, rel=1e-6)
