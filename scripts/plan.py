@@ -153,7 +153,7 @@ def verify(result: SearchResult, k: int, n: int, budget: float) -> list[str]:
     its CPU compile could not confirm it. Reports predicted against compiled memory."""
     from colossal_jax.auto.measure import compile_cached
 
-    lines, kept, tried, skipped = [], [], 0, []
+    lines, kept, tried, skipped, over = [], [], 0, [], []
     ranked = list(result.ranked)
     at = 0
     while at < len(ranked) and len(kept) < k and tried < 3 * k:
@@ -173,6 +173,8 @@ def verify(result: SearchResult, k: int, n: int, budget: float) -> list[str]:
             f"{pred / GB:.3f}, {err:+.0%}), compile {compiled.compile_s:.1f}s"
             + ("" if fits else f"; over the budget {budget / GB:.2f} GB, dropped")
         )
+        if not fits:
+            over.append(f"{r.name} {compiled.peak_bytes / GB:.1f} GB (predicted {pred / GB:.1f})")
         if fits:
             kept.append(
                 dataclasses.replace(
@@ -190,8 +192,8 @@ def verify(result: SearchResult, k: int, n: int, budget: float) -> list[str]:
     result.ranked[:] = kept + ranked[at:]
     if not kept:
         raise ConfigError(
-            f"the best {tried} plans compiled over the budget {budget / GB:.2f} GB per device; "
-            "give more --memory-gb or more --devices"
+            f"the best {tried} plans compiled over the budget {budget / GB:.2f} GB per device "
+            f"({'; '.join(over)}); give more --memory-gb or more --devices"
         )
     return lines
 
@@ -207,13 +209,12 @@ def main(argv: list[str] | None = None) -> int:
         if args.verify < 0:
             raise ConfigError(f"--verify {args.verify} must be 0 or more (e.g. --verify 2)")
         budget = hw.memory_bytes if args.memory_gb is not None else budget_of(hw, n)
-        _, result = plan_for(cfg, n, hw, budget, time_budget=args.time_budget)
-        checks = []
-        if args.verify:
+        if args.verify:  # before the search starts JAX (it compiles a layer's working set)
             from colossal_jax.runtime.devices import simulate_cpu_devices
 
             simulate_cpu_devices(n)
-            checks = verify(result, args.verify, n, budget)
+        _, result = plan_for(cfg, n, hw, budget, time_budget=args.time_budget)
+        checks = verify(result, args.verify, n, budget) if args.verify else []
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
