@@ -39,6 +39,7 @@ from colossal_jax.auto.per_device import (
     act_split,
     dims,
     params_per_device,
+    ring_attention,
     stored_params_per_device,
     tokens_per_microbatch,
 )
@@ -266,7 +267,7 @@ def cpu_terms(plan: Plan) -> dict[str, float]:
     scores = cfg.batch_size * m.n_head * cfg.seq_len**2 * m.n_layer
     if plan.remat != "none":
         scores *= 4 / 3
-    ring = par.seq > 1 and plan.seq_mode == "ring"
+    ring = ring_attention(plan)
     ticks = 0.0
     if par.pipelined:
         ticks = _ticks(plan.pipeline, par.pipe, plan.schedule_microbatches, plan.virtual_stages)

@@ -27,6 +27,7 @@ from colossal_jax.auto.per_device import (
     inner_width,
     params_per_device,
     rest_params_per_device,
+    ring_attention,
     stored_params_per_device,
     tokens_per_microbatch,
 )
@@ -202,7 +203,7 @@ def scores_per_token(plan: Plan, *, kept: bool = True) -> float:
     a = plan.model.n_head
     if flash_attention(plan):
         return 0.0
-    if par.seq > 1 and plan.seq_mode == "ring":
+    if ring_attention(plan):
         return 0.0 if kept else a * cfg.seq_len / par.seq
     return float(a * cfg.seq_len)
 

@@ -60,6 +60,11 @@ def tokens_per_microbatch(plan: Plan) -> float:
     return seqs * plan.config.seq_len / par.seq
 
 
+def ring_attention(plan: Plan) -> bool:
+    """Whether the plan's attention runs the ring kernel (a ``seq`` split in ring mode)."""
+    return plan.config.parallel.seq > 1 and plan.seq_mode == "ring"
+
+
 def act_split(plan: Plan) -> int:
     """How many pieces the tensor mode cuts a ``[tokens, h]`` activation into (1D keeps it
     whole on every device; the grids cut rows and columns)."""
