@@ -68,16 +68,18 @@ MEMORY_COEF = {
     "kept": 1.0,
     "working": 1.0,
     "pipe_kept": 1.0,
-    "pipe_body": 2.34,
-    "pipe_body_split": 1.71,
+    "pipe_body": 2.64,
+    "pipe_body_split": 1.56,
+    "pipe_ring": 1.38,
     "logits": 1.0,
 }
 """The weight of each memory term (:func:`memory_terms`) in the predicted peak. All are 1 but a
 pipeline tick's body, which holds a few of its chunk's residual sets at once (made, copied out
-of the record buffers, their gradients): 2.34 chunks with a fused backward, 1.71 with a split
-one (its B and W each run half the backward), fitted by least squares to the compiled memory of
-the 4-layer, 256-wide GPT's pipelined plans on 8 CPU devices and held out on llama-tiny
-(docs/planner.md, "Memory")."""
+of the record buffers, their gradients): 2.64 chunks with a fused backward, 1.56 with a split
+one (its B and W each run half the backward), and under ring attention 1.38 of the ring's score
+blocks for each layer of the chunk; fitted by non-negative least squares to the compiled memory
+of the 4-layer, 256-wide GPT's pipelined plans on 8 CPU devices (two sweeps, 32 plans) and
+held out on llama-tiny (docs/planner.md, "Memory")."""
 
 
 def _split_elements(
@@ -220,7 +222,9 @@ def memory_terms(plan: Plan) -> dict[str, float]:
     - ``kept``: the activations the remat policy keeps (:func:`kept_elements`) for every
       layer, without a pipeline; ``pipe_kept`` the same for every layer of a stage and every
       microbatch in flight, with one; ``pipe_body`` (fused backward) or ``pipe_body_split``
-      one chunk's worth, which the tick's body holds a few times over;
+      one chunk's worth, which the tick's body holds a few times over; ``pipe_ring``, under
+      ring attention, one score block (``a·s/seq`` per token) for every layer of the chunk,
+      which the tick's ring loops hold beside it;
     - ``working``: one layer's backward transients (:func:`working_bytes`);
     - ``logits``: the logits, their softmax and gradient in fp32.
     """
@@ -257,6 +261,9 @@ def memory_terms(plan: Plan) -> dict[str, float]:
     kept = record * layers * inflight
     chunk = record * layers / plan.virtual_stages
     split = par.pipelined and pipeline_schedule(plan.pipeline).split_backward
+    ring_blocks = 0.0
+    if par.pipelined and ring_attention(plan):  # one score block per layer of the chunk
+        ring_blocks = ab * tok * scores_per_token(plan, kept=False) * layers / plan.virtual_stages
     working = working_bytes(plan)
     logits = 3 * tok * vocab / plan.tensor_split.divisor("vocab size") * 4
     return {
@@ -266,6 +273,7 @@ def memory_terms(plan: Plan) -> dict[str, float]:
         "pipe_kept": kept if par.pipelined else 0.0,
         "pipe_body": chunk if par.pipelined and not split else 0.0,
         "pipe_body_split": chunk if split else 0.0,
+        "pipe_ring": ring_blocks,
         "working": working,
         "logits": logits,
     }
