@@ -17,6 +17,7 @@ from colossal_jax.checks.resolve import resolve
 from colossal_jax.config import ParallelConfig, TrainConfig
 from colossal_jax.config.families import model_config
 from colossal_jax.config.plan import Devices
+from colossal_jax.pipeline.schedule import build
 
 SMALL = {"n_layer": 2, "n_embd": 64, "n_head": 4}
 
@@ -93,14 +94,19 @@ def test_grid_modes_hold_their_linears_gathered_inputs():
     assert memory._gathered_inputs(depth_only) == 0.0
 
 
-def test_cpu_terms_price_attention_by_kernel_and_ticks_by_pipeline():
+def test_cpu_terms_price_attention_by_kernel_and_ticks_by_record_buffers():
     plain = cost.cpu_terms(_plan(data=8))
     scores = 16 * 4 * 32**2 * 2  # batch · heads · s² · layers
-    assert plain == {"xla_score_s": scores, "ring_score_s": 0.0, "tick_byte_s": 0.0}
+    assert plain == {"xla_score_s": scores, "ring_score_s": 0.0, "residual_tick_byte_s": 0.0}
     ring = cost.cpu_terms(_plan(data=2, seq=4, seq_mode="ring"))
     assert ring["xla_score_s"] == 0.0 and ring["ring_score_s"] == scores
-    piped = cost.cpu_terms(_plan(data=4, pipe=2, pipeline="1f1b", microbatches=4))
-    assert piped["tick_byte_s"] > 0
+    # every tick costs the stage's record buffers: GPipe's M slots against 1F1B's p
+    one_f = _plan(data=4, pipe=2, pipeline="1f1b", microbatches=4)
+    gpipe = _plan(data=4, pipe=2, pipeline="gpipe", microbatches=4)
+    for plan, slots in ((one_f, 2), (gpipe, 4)):
+        ticks = build(plan.pipeline, 2, 4, 1).ticks
+        want = ticks * slots * memory.chunk_bytes(plan) * plan.n_devices
+        assert cost.cpu_terms(plan)["residual_tick_byte_s"] == pytest.approx(want)
     gpu = _plan("gpu", data=8)
     assert cost.predict(gpu, hardware.hardware("h100")).cpu_s == 0.0
     cpu_hw = hardware.cpu_from(hardware.CPU_DEFAULT)
@@ -117,7 +123,12 @@ def test_nnls_drops_a_negative_coefficient():
 
 def test_fit_recovers_the_figures_a_sweep_was_made_with():
     hw = hardware.cpu_from(hardware.CPU_DEFAULT)
-    truth = {"collective_s": 1e-3, "xla_score_s": 2e-8, "ring_score_s": 1e-8, "tick_byte_s": 5e-9}
+    truth = {
+        "collective_s": 1e-3,
+        "xla_score_s": 2e-8,
+        "ring_score_s": 1e-8,
+        "residual_tick_byte_s": 2e-11,
+    }
     layouts = [
         {"data": 8},
         {"data": 2, "seq": 4, "seq_mode": "ring"},

@@ -33,7 +33,7 @@ import math
 from dataclasses import dataclass, field
 
 from colossal_jax.auto.hardware import CPU_STEP, Hardware
-from colossal_jax.auto.memory import MEMORY_COEF, memory_terms
+from colossal_jax.auto.memory import MEMORY_COEF, chunk_bytes, memory_terms
 from colossal_jax.auto.per_device import (
     act_bytes,
     act_split,
@@ -260,30 +260,38 @@ def cpu_terms(plan: Plan) -> dict[str, float]:
     carry, summed over the devices (they share the host's cores), each priced by
     :data:`~colossal_jax.auto.hardware.CPU_STEP`: ``xla_score_s`` and ``ring_score_s``, the
     attention score elements of the step by kernel (``batch · heads · s² · layers``, a third
-    more where the remat policy recomputes the attention forward); ``tick_byte_s``, for a
-    pipeline, its ticks times the bytes of one microbatch's ``h``-wide activation on a device,
-    over every device. (Each collective's cost is its link's α, at least ``collective_s``.)"""
+    more where the remat policy recomputes the attention forward); ``residual_tick_byte_s``,
+    for a pipeline, its ticks times the bytes of a stage's record buffers (its residual slots
+    times one chunk's record, :func:`~colossal_jax.auto.memory.chunk_bytes`), over every
+    device: measured, a tick costs time in proportion to the size of the buffers the loop
+    carries, not only to the slot it reads or writes (GPipe against 1F1B at M = 4, 8, 16,
+    docs/planner.md). (Each collective's cost is its link's α, at least ``collective_s``.)"""
     cfg, par, m = plan.config, plan.config.parallel, plan.model
     scores = cfg.batch_size * m.n_head * cfg.seq_len**2 * m.n_layer
     if plan.remat != "none":
         scores *= 4 / 3
     ring = ring_attention(plan)
-    ticks = 0.0
+    residual = 0.0
     if par.pipelined:
-        ticks = _ticks(plan.pipeline, par.pipe, plan.schedule_microbatches, plan.virtual_stages)
-        ticks *= tokens_per_microbatch(plan) * m.n_embd * act_bytes(plan) * plan.n_devices
+        ticks, slots = _schedule(
+            plan.pipeline, par.pipe, plan.schedule_microbatches, plan.virtual_stages
+        )
+        residual = ticks * slots * chunk_bytes(plan) * plan.n_devices
     return {
         "xla_score_s": 0.0 if ring else float(scores),
         "ring_score_s": float(scores) if ring else 0.0,
-        "tick_byte_s": ticks,
+        "residual_tick_byte_s": residual,
     }
 
 
 @functools.lru_cache(maxsize=1024)
-def _ticks(schedule: str, p: int, m: int, v: int) -> int:
+def _schedule(schedule: str, p: int, m: int, v: int) -> tuple[int, int]:
+    """``(ticks, residual slots)`` of a pipeline schedule
+    (:func:`colossal_jax.pipeline.schedule.build`)."""
     from colossal_jax.pipeline.schedule import build
 
-    return build(schedule, p, m, v).ticks
+    built = build(schedule, p, m, v)
+    return built.ticks, built.slots["residual"]
 
 
 def _offload_seconds(plan: Plan, hw: Hardware) -> float:

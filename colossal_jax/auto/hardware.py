@@ -166,10 +166,10 @@ CPU_DEFAULT: dict = {
 one)."""
 
 CPU_STEP = {
-    "collective_s": 5.40e-4,
-    "xla_score_s": 2.56e-8,
-    "ring_score_s": 2.23e-8,
-    "tick_byte_s": 3.34e-9,
+    "collective_s": 4.55e-4,
+    "xla_score_s": 2.76e-8,
+    "ring_score_s": 2.41e-8,
+    "residual_tick_byte_s": 2.07e-11,
 }
 """What a step on simulated CPU devices costs beyond its matmuls and its bytes on the links,
 per unit (:func:`colossal_jax.auto.cost.cpu_terms`): every collective (a rendezvous of every

@@ -257,9 +257,8 @@ def memory_terms(plan: Plan) -> dict[str, float]:
     tok = tokens_per_microbatch(plan)
     layers = L // par.pipe
     inflight = _in_flight(plan)
-    record = _record_elements(plan) * ab * tok
-    kept = record * layers * inflight
-    chunk = record * layers / plan.virtual_stages
+    kept = _record_elements(plan) * ab * tok * layers * inflight
+    chunk = chunk_bytes(plan)
     split = par.pipelined and pipeline_schedule(plan.pipeline).split_backward
     ring_blocks = 0.0
     if par.pipelined and ring_attention(plan):  # one score block per layer of the chunk
@@ -277,6 +276,14 @@ def memory_terms(plan: Plan) -> dict[str, float]:
         "working": working,
         "logits": logits,
     }
+
+
+def chunk_bytes(plan: Plan) -> float:
+    """Bytes of one microbatch's record for one model chunk on a stage (its layers' residuals,
+    :func:`_record_elements`): what one slot of a pipeline's record buffers holds."""
+    layers = plan.model.n_layer // plan.config.parallel.pipe
+    tok = tokens_per_microbatch(plan)
+    return _record_elements(plan) * act_bytes(plan) * tok * layers / plan.virtual_stages
 
 
 def memory_bytes(plan: Plan) -> float:
