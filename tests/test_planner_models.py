@@ -94,6 +94,18 @@ def test_grid_modes_hold_their_linears_gathered_inputs():
     assert memory._gathered_inputs(depth_only) == 0.0
 
 
+def test_a_pipelined_ring_tick_holds_one_score_block_per_layer_of_its_chunk():
+    ring = _plan(data=2, pipe=2, seq=2, seq_mode="ring", pipeline="1f1b", microbatches=4)
+    tokens = 16 // 2 // 4 * 32 // 2  # a microbatch's sequences on a shard × s/seq
+    block = 4 * tokens * 4 * 32 // 2  # fp32 · tokens · heads · s/seq: one score block
+    assert memory.memory_terms(ring)["pipe_ring"] == pytest.approx(block * 1)  # 1 layer a stage
+    for plan in (
+        _plan(data=4, seq=2, seq_mode="ring"),  # no pipeline
+        _plan(data=2, pipe=2, seq=2, seq_mode="ulysses", pipeline="1f1b", microbatches=4),
+    ):
+        assert memory.memory_terms(plan)["pipe_ring"] == 0.0
+
+
 def test_cpu_terms_price_attention_by_kernel_and_ticks_by_record_buffers():
     plain = cost.cpu_terms(_plan(data=8))
     scores = 16 * 4 * 32**2 * 2  # batch · heads · s² · layers

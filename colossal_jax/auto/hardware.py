@@ -177,12 +177,15 @@ device's thread on the shared cores, which an isolated timing of one collective,
 calibration's α of about 0, does not see); every attention score element of a step, by kernel
 (XLA's attention materialises ``[heads, s, s]`` blocks and streams them through the softmax and
 its gradient, memory-bound with head sizes of 8–32; the ring's blockwise kernel a little less);
-and every byte of a microbatch's ``h``-wide activation per pipeline tick (each tick reads and
-writes its slot buffers and switches branches on every device's thread). Fitted by non-negative
-least squares to the measured step times of two sweeps of the 4-layer, 256-wide GPT, 40 plans
-(``docs/planner_sweep_gpt_quiet5.json`` and ``docs/planner_sweep_gpt_fit2.json``, normalised
-times: ``scripts/sweep_meshes.py --from-json docs/planner_sweep_gpt_fit.json --fit``), the
-llama-tiny sweeps held out (docs/planner.md). Until 2026-11-27 only a 6 ms floor on every
+and every byte of a stage's pipeline record buffers per tick (a tick costs in proportion to the
+buffers its loop carries: GPipe, whose ``M`` records a stage holds, measured 0.04 / 0.08 /
+0.19 s a step slower than 1F1B's ``p`` at M = 4 / 8 / 16 on llama-tiny, 2.0–3.0e-11 s a byte).
+Fitted by non-negative least squares to the measured step times of two sweeps of the 4-layer,
+256-wide GPT, 48 plans (``docs/planner_sweep_gpt_fit2.json`` and
+``docs/planner_sweep_gpt_quiet6.json``, normalised times: ``scripts/sweep_meshes.py
+--from-json docs/planner_sweep_gpt_fit3.json --fit``), the llama-tiny sweeps held out
+(docs/planner.md). Until 2026-11-27 (second session) a tick cost a microbatch's ``h``-wide
+activation bytes, which priced GPipe like 1F1B. Until 2026-11-27 only a 6 ms floor on every
 collective's α stood for all of it."""
 
 CPU_ALPHA_S = CPU_STEP["collective_s"]
