@@ -61,6 +61,14 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--batch-size", type=int, default=16)
     p.add_argument("--seq-len", type=int, default=256)
     p.add_argument("--steps", type=int, default=0, help="timed steps per plan (0: compile only)")
+    p.add_argument(
+        "--rounds",
+        type=int,
+        default=1,
+        help="time every plan this many times, in rounds over all of them, and keep each "
+        "plan's best round (interference on shared cores only ever adds time); the summary "
+        "gives the first round's correlation and regret beside",
+    )
     p.add_argument("--filter", help="a regular expression on plan names (the choice always runs)")
     p.add_argument(
         "--sample",
@@ -118,6 +126,9 @@ def overrides(pairs: list[str]) -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    if args.rounds < 1:
+        print(f"error: --rounds {args.rounds} must be ≥ 1 (e.g. --rounds 3)", file=sys.stderr)
+        return 2
     if args.devices < 1 or args.steps < 0:
         print(
             f"error: --devices {args.devices} must be ≥ 1 and --steps {args.steps} ≥ 0 "
@@ -190,7 +201,8 @@ def measure(rows: list, args: argparse.Namespace) -> bool:
     from colossal_jax.auto import sweep
     from colossal_jax.auto.cache import Cache
 
-    with tqdm(total=len(rows), desc="plans", unit="plan", file=sys.stderr) as bar:
+    total = len(rows) * (args.rounds if args.steps > 0 else 1)
+    with tqdm(total=total, desc="plans", unit="plan", file=sys.stderr) as bar:
 
         def tick(row: sweep.Row) -> None:
             bar.set_postfix_str(row.name[:48])
@@ -198,7 +210,13 @@ def measure(rows: list, args: argparse.Namespace) -> bool:
 
         cache = Cache("measured", args.cache_dir) if args.cache_dir else Cache("measured")
         return sweep.run_sweep(
-            rows, args.steps, cache, tick, paired=not args.unpaired, time_budget=args.time_budget
+            rows,
+            args.steps,
+            cache,
+            tick,
+            paired=not args.unpaired,
+            time_budget=args.time_budget,
+            rounds=args.rounds,
         )
 
 

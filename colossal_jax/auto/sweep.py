@@ -16,7 +16,9 @@ cores), and a plan's step time scales with it. With ``paired`` (the default of
 reference step runs just before and one just after each plan is measured; a plan's
 *relative* time is its median step over the mean of those two, and its *normalised* time that
 ratio times the reference's median over the sweep. Rankings, the correlation and the regret
-use the relative times (raw times are kept beside them).
+use the relative times (raw times are kept beside them). With ``rounds`` the whole sweep is
+timed that many times over and each plan keeps its best round (interference on the shared
+cores only adds time); the summary gives the first round's correlation and regret beside.
 - the memory error of each plan, ``|predicted − compiled peak| / compiled peak`` (the compiled
   peak: ``argument + output − alias + temp`` bytes of ``memory_analysis()``), and its largest;
 - the regret: the measured step time of the planner's choice over the best measured, minus 1.
@@ -59,6 +61,9 @@ class Row:
     cached: bool = False
     reference_s: float | None = None
     normalized_s: float | None = None
+    rounds: list[tuple[float, float | None]] = dataclasses.field(default_factory=list)
+    """Every round's ``(step_s, reference_s)``; ``step_s`` and ``reference_s`` are the best
+    round's (:func:`keep_best_round`)."""
 
     @property
     def seconds(self) -> float | None:
@@ -101,6 +106,7 @@ class Row:
             "reference_s": self.reference_s,
             "relative": self.relative,
             "normalized_s": self.normalized_s,
+            "rounds": [list(r) for r in self.rounds],
             "memory_error": self.memory_error,
             "error": self.error,
             "cached": self.cached,
@@ -161,6 +167,7 @@ def run_sweep(
     progress: Callable[[Row], None] | None = None,
     paired: bool = False,
     time_budget: float | None = None,
+    rounds: int = 1,
 ) -> bool:
     """Measure the rows in place: compiled figures and, with ``steps``, the median of ``steps``
     steps after a warm-up (with ``paired``, between two steps of the reference, the first
@@ -170,25 +177,47 @@ def run_sweep(
 
     The rows are measured in :func:`spread` order, so a sweep cut short — ``time_budget``
     seconds passed, or an interrupt (Ctrl-C) — has measured plans spread over the whole
-    ranking; the others stay unmeasured. Returns whether every row was measured."""
+    ranking; the others stay unmeasured. With ``rounds`` above 1 the whole order is timed
+    again that many times and each plan keeps its best round (:func:`keep_best_round`): on
+    the shared cores a round's time only ever gains from interference, so the least is the
+    plan's own. Returns whether every row was measured in every round."""
     import jax
 
     cache = cache if cache is not None else Cache("measured")
     reference = _Reference(rows[0].ranked.plan, rows[0].name) if paired and steps > 0 else None
     start, done = time.perf_counter(), 0
+    rounds = max(1, rounds) if steps > 0 else 1
     try:
-        for row in (rows[i] for i in spread(len(rows))):
-            if time_budget is not None and time.perf_counter() - start > time_budget:
-                break
-            _measure_or_fail(row, steps, cache, reference)
-            jax.clear_caches()
-            done += 1
-            if progress is not None:
-                progress(row)
+        for r in range(rounds):
+            for row in (rows[i] for i in spread(len(rows))):
+                if time_budget is not None and time.perf_counter() - start > time_budget:
+                    raise TimeoutError
+                if row.error is None:
+                    _measure_or_fail(row, steps, cache, reference, r)
+                jax.clear_caches()
+                done += 1
+                if progress is not None:
+                    progress(row)
     except KeyboardInterrupt:
-        print(f"interrupted: {done} of {len(rows)} plans measured", file=sys.stderr)
+        print(f"interrupted: {done} of {len(rows) * rounds} plan timings", file=sys.stderr)
+    except TimeoutError:
+        pass
+    for row in rows:
+        keep_best_round(row)
     normalize(rows)
-    return done == len(rows)
+    return done == len(rows) * rounds
+
+
+def keep_best_round(row: Row) -> None:
+    """Set ``row``'s step and reference times to its best round's: the least relative time
+    (step over reference) when paired, else the least step time."""
+    if not row.rounds:
+        return
+
+    def score(r: tuple[float, float | None]) -> float:
+        return r[0] / r[1] if r[1] else r[0]
+
+    row.step_s, row.reference_s = min(row.rounds, key=score)
 
 
 def spread(n: int) -> list[int]:
@@ -205,10 +234,12 @@ def spread(n: int) -> list[int]:
     return order
 
 
-def _measure_or_fail(row: Row, steps: int, cache: Cache, reference: _Reference | None) -> None:
+def _measure_or_fail(
+    row: Row, steps: int, cache: Cache, reference: _Reference | None, round_: int = 0
+) -> None:
     """:func:`_measure`, or the row's error when its plan fails to compile or run."""
     try:
-        _measure(row, steps, cache, reference)
+        _measure(row, steps, cache, reference, round_)
     except Exception as e:  # one plan's failure is a result of the sweep, not its end
         row.error = f"{type(e).__name__}: {str(e).splitlines()[0][:200]}"
         print(f"warning: {row.name}: {row.error}", file=sys.stderr)
@@ -245,21 +276,29 @@ def normalize(rows: list[Row]) -> None:
         r.normalized_s = r.step_s / r.reference_s * scale
 
 
-def _measure(row: Row, steps: int, cache: Cache, reference: _Reference | None) -> None:
-    """Fill ``row`` from ``cache``, or measure it (between two reference steps when given)."""
+def _measure(
+    row: Row, steps: int, cache: Cache, reference: _Reference | None, round_: int = 0
+) -> None:
+    """Fill ``row`` from ``cache``, or measure it (between two reference steps when given),
+    adding round ``round_``'s times to :attr:`Row.rounds` (later rounds have keys of their
+    own)."""
     extra = (steps, reference.name, REFERENCE_STEPS) if reference is not None else (steps,)
+    if round_ > 0:
+        extra = (*extra, "round", round_)
     key, parts = plan_key(row.ranked.plan, "paired" if reference else "measured", *extra)
     hit = cache.get(key)
     if hit is not None:
         row.compiled = Compiled.from_json(hit["compiled"])
         row.step_s, row.reference_s, row.cached = hit["step_s"], hit.get("reference_s"), True
-        return
-    before = reference.step() if reference is not None else None
-    row.compiled, row.step_s = measure_plan(row.ranked.plan, steps)
-    if reference is not None and before is not None:
-        row.reference_s = (before + reference.step()) / 2
-    value = {"compiled": row.compiled.to_json(), "step_s": row.step_s}
-    cache.put(key, {**value, "reference_s": row.reference_s}, about=parts)
+    else:
+        before = reference.step() if reference is not None else None
+        row.compiled, row.step_s = measure_plan(row.ranked.plan, steps)
+        if reference is not None and before is not None:
+            row.reference_s = (before + reference.step()) / 2
+        value = {"compiled": row.compiled.to_json(), "step_s": row.step_s}
+        cache.put(key, {**value, "reference_s": row.reference_s}, about=parts)
+    if row.step_s is not None:
+        row.rounds.append((row.step_s, row.reference_s))
 
 
 def spearman(xs: list[float], ys: list[float]) -> float:
@@ -321,6 +360,31 @@ def summarize(rows: list[Row]) -> dict[str, Any]:
         chosen = next((r for r in timed if r.chosen), None)
         if chosen is not None:
             out["chosen_step_s"] = chosen.seconds
+            out["regret"] = chosen.seconds / best.seconds - 1
+    n_rounds = max((len(r.rounds) for r in timed), default=0)
+    if n_rounds > 1:
+        out["rounds"] = n_rounds
+        out["first_round"] = _round_summary(rows, 0)
+    return out
+
+
+def _round_summary(rows: list[Row], k: int) -> dict[str, Any]:
+    """Spearman and regret of round ``k``'s times alone (rows without that round left out)."""
+    alone = []
+    for r in rows:
+        if len(r.rounds) > k:
+            step, ref = r.rounds[k]
+            alone.append(dataclasses.replace(r, step_s=step, reference_s=ref, normalized_s=None))
+    normalize(alone)
+    timed = [r for r in alone if r.seconds is not None]
+    out: dict[str, Any] = {"spearman": None, "regret": None}
+    if len(timed) >= 2:
+        out["spearman"] = spearman(
+            [r.ranked.prediction.step_s for r in timed], [r.seconds for r in timed]
+        )
+        best = min(timed, key=lambda r: r.seconds)
+        chosen = next((r for r in timed if r.chosen), None)
+        if chosen is not None:
             out["regret"] = chosen.seconds / best.seconds - 1
     return out
 
@@ -452,6 +516,7 @@ def rows_from_json(doc: dict[str, Any], cfg: TrainConfig, hw: Hardware) -> list[
             error=record["error"],
             cached=True,
             reference_s=record.get("reference_s"),
+            rounds=[tuple(r) for r in record.get("rounds", [])],
         )
         if record["compiled"] is not None:
             row.compiled = Compiled.from_json(record["compiled"])
