@@ -66,8 +66,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         type=int,
         default=1,
         help="time every plan this many times, in rounds over all of them, and keep each "
-        "plan's best round (interference on shared cores only ever adds time); the summary "
-        "gives the first round's correlation and regret beside",
+        "plan's median round (paired; unpaired its fastest); the summary gives the first "
+        "round's correlation and regret beside",
     )
     p.add_argument("--filter", help="a regular expression on plan names (the choice always runs)")
     p.add_argument(

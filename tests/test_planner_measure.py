@@ -157,21 +157,24 @@ def test_the_sweep_serves_a_measured_plan_from_the_cache(swept):
     assert again[0].compiled == rows[1].compiled
 
 
-def test_rounds_keep_each_plans_best_and_report_the_first_round_beside(swept):
+def test_rounds_keep_each_plans_median_round_and_report_the_first_round_beside(swept):
     rows = [dataclasses.replace(r, rounds=[]) for r in swept[2]]
-    # round 0: the 1D plan 20% slower than the reference around it, data=4 as fast; round 1:
-    # interference slowed the 1D plan's reference less than the plan (its relative time 1.5)
-    rows[0].rounds = [(1.2, 1.0), (1.8, 1.2)]
-    rows[1].rounds = [(1.5, 1.5), (1.1, 1.0)]
+    # relative times (step over the reference around it): 1.2, 1.5, 1.3 for the chosen 1D
+    # plan, 1.0, 0.7, 1.1 for data=4 (its 0.7: a round whose reference was slowed)
+    rows[0].rounds = [(1.2, 1.0), (1.8, 1.2), (1.3, 1.0)]
+    rows[1].rounds = [(1.5, 1.5), (1.4, 2.0), (1.1, 1.0)]
     for r in rows:
-        sweep.keep_best_round(r)
-    assert (rows[0].step_s, rows[0].reference_s) == (1.2, 1.0)  # relative 1.2 beats 1.5
-    assert (rows[1].step_s, rows[1].reference_s) == (1.5, 1.5)  # relative 1.0 beats 1.1
+        sweep.combine_rounds(r)
+    assert (rows[0].step_s, rows[0].reference_s) == (1.3, 1.0)  # the median, 1.3
+    assert (rows[1].step_s, rows[1].reference_s) == (1.5, 1.5)  # the median, 1.0
     sweep.normalize(rows)
     summary = sweep.summarize(rows)
-    assert summary["rounds"] == 2
-    assert summary["regret"] == pytest.approx(0.2)  # the chosen 1D plan against data=4
+    assert summary["rounds"] == 3
+    assert summary["regret"] == pytest.approx(0.3)  # the chosen 1D plan against data=4
     assert summary["first_round"]["regret"] == pytest.approx(0.2)
+    unpaired = dataclasses.replace(rows[0], rounds=[(1.2, None), (1.1, None)])
+    sweep.combine_rounds(unpaired)
+    assert unpaired.step_s == 1.1  # alone: the fastest round
     back = sweep.rows_from_json(
         json.loads(json.dumps({"rows": [r.to_json() for r in rows]})), swept[0], swept[1]
     )

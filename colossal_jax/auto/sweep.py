@@ -17,8 +17,8 @@ reference step runs just before and one just after each plan is measured; a plan
 *relative* time is its median step over the mean of those two, and its *normalised* time that
 ratio times the reference's median over the sweep. Rankings, the correlation and the regret
 use the relative times (raw times are kept beside them). With ``rounds`` the whole sweep is
-timed that many times over and each plan keeps its best round (interference on the shared
-cores only adds time); the summary gives the first round's correlation and regret beside.
+timed that many times over and each plan keeps its median round (paired; unpaired its
+fastest); the summary gives the first round's correlation and regret beside.
 - the memory error of each plan, ``|predicted − compiled peak| / compiled peak`` (the compiled
   peak: ``argument + output − alias + temp`` bytes of ``memory_analysis()``), and its largest;
 - the regret: the measured step time of the planner's choice over the best measured, minus 1.
@@ -62,8 +62,8 @@ class Row:
     reference_s: float | None = None
     normalized_s: float | None = None
     rounds: list[tuple[float, float | None]] = dataclasses.field(default_factory=list)
-    """Every round's ``(step_s, reference_s)``; ``step_s`` and ``reference_s`` are the best
-    round's (:func:`keep_best_round`)."""
+    """Every round's ``(step_s, reference_s)``; ``step_s`` and ``reference_s`` are the kept
+    round's (:func:`combine_rounds`)."""
 
     @property
     def seconds(self) -> float | None:
@@ -178,9 +178,9 @@ def run_sweep(
     The rows are measured in :func:`spread` order, so a sweep cut short — ``time_budget``
     seconds passed, or an interrupt (Ctrl-C) — has measured plans spread over the whole
     ranking; the others stay unmeasured. With ``rounds`` above 1 the whole order is timed
-    again that many times and each plan keeps its best round (:func:`keep_best_round`): on
-    the shared cores a round's time only ever gains from interference, so the least is the
-    plan's own. Returns whether every row was measured in every round."""
+    again that many times and each plan keeps one round's times (:func:`combine_rounds`: the
+    median relative time when paired). Returns whether every row was measured in every
+    round."""
     import jax
 
     cache = cache if cache is not None else Cache("measured")
@@ -203,21 +203,24 @@ def run_sweep(
     except TimeoutError:
         pass
     for row in rows:
-        keep_best_round(row)
+        combine_rounds(row)
     normalize(rows)
     return done == len(rows) * rounds
 
 
-def keep_best_round(row: Row) -> None:
-    """Set ``row``'s step and reference times to its best round's: the least relative time
-    (step over reference) when paired, else the least step time."""
+def combine_rounds(row: Row) -> None:
+    """Set ``row``'s step and reference times to those of one of its rounds: when paired, the
+    round of the median relative time (step over the reference around it; the lower middle
+    of an even count) — the least would favour a round whose reference was slowed, a ratio's
+    noise being in its denominator too; unpaired, the round of the least step time
+    (interference on the shared cores only ever adds time)."""
     if not row.rounds:
         return
-
-    def score(r: tuple[float, float | None]) -> float:
-        return r[0] / r[1] if r[1] else r[0]
-
-    row.step_s, row.reference_s = min(row.rounds, key=score)
+    if all(ref for _, ref in row.rounds):
+        ranked = sorted(row.rounds, key=lambda r: r[0] / r[1])
+        row.step_s, row.reference_s = ranked[(len(ranked) - 1) // 2]
+    else:
+        row.step_s, row.reference_s = min(row.rounds, key=lambda r: r[0])
 
 
 def spread(n: int) -> list[int]:
@@ -520,6 +523,7 @@ def rows_from_json(doc: dict[str, Any], cfg: TrainConfig, hw: Hardware) -> list[
         )
         if record["compiled"] is not None:
             row.compiled = Compiled.from_json(record["compiled"])
+        combine_rounds(row)
         rows.append(row)
     normalize(rows)
     return rows
