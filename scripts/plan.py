@@ -209,10 +209,11 @@ def main(argv: list[str] | None = None) -> int:
         if args.verify < 0:
             raise ConfigError(f"--verify {args.verify} must be 0 or more (e.g. --verify 2)")
         budget = hw.memory_bytes if args.memory_gb is not None else budget_of(hw, n)
-        if args.verify:  # before the search starts JAX (it compiles a layer's working set)
-            from colossal_jax.runtime.devices import simulate_cpu_devices
+        # before the search starts JAX (it compiles a layer's working set, and ring attention's
+        # on a 2-device sequence axis): n devices to verify on, else 2
+        from colossal_jax.runtime.devices import simulate_cpu_devices
 
-            simulate_cpu_devices(n)
+        simulate_cpu_devices(max(2, n) if args.verify else 2)
         _, result = plan_for(cfg, n, hw, budget, time_budget=args.time_budget)
         checks = verify(result, args.verify, n, budget) if args.verify else []
     except ConfigError as e:

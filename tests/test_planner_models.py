@@ -83,6 +83,23 @@ def test_working_set_is_compiled_once_then_read_from_disk(tmp_path, monkeypatch)
     assert layer_memory.working(model, 32) == first
 
 
+def test_ring_blocks_are_compiled_once_then_read_from_disk(tmp_path, monkeypatch):
+    monkeypatch.setenv("COLOSSAL_JAX_CACHE", str(tmp_path))
+    model = model_config("gpt2-tiny", **{**SMALL, "n_embd": 96})
+    layer_memory.ring_blocks.cache_clear()
+    first = layer_memory.ring_blocks(model)
+    # scores, probabilities, their gradients and the hop's carried blocks: more than XLA's
+    # reference attention's working set holds, and a handful at most
+    assert layer_memory.working(model, 32).scores < first < 12
+    layer_memory.ring_blocks.cache_clear()
+
+    def no_compile(*_a, **_k):
+        raise AssertionError("compiled again instead of reading the cache")
+
+    monkeypatch.setattr(layer_memory, "_ring_temp", no_compile)
+    assert layer_memory.ring_blocks(model) == first
+
+
 def test_grid_modes_hold_their_linears_gathered_inputs():
     flat = _plan(data=2, tensor_row=2, tensor_col=2, tensor_mode="2d")
     model, t, q = flat.model, 4, 2

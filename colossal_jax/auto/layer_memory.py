@@ -17,6 +17,13 @@ CPU device (the working set of one layer's backward). The memory model
   sequence ``S``, ``S``, ``S/2``) and its temporaries, less what the layers keep, are solved for
   ``T·(other + scores·a·s) + fixed``. Three compiles of 1–2 s each per model and sequence
   length, kept on disk (:class:`colossal_jax.auto.cache.Cache`, kind ``layer``).
+- **Ring blocks** (:func:`ring_blocks`): the score blocks ring attention's forward and backward
+  hold at once (:mod:`colossal_jax.sequence.ring`: a block's scores, probabilities and their
+  gradients, with grouped-query attention their regrouped copies), from two compiles of the
+  kernel alone over a 2-device sequence axis with the family's heads, key/value heads and head
+  size: 4.0 blocks for the GPT, 7.0 for llama-tiny (whose 16 query heads share 8 key/value
+  heads), where XLA's reference attention holds 2.5 and 4.5. Kept on disk beside the working
+  set.
 """
 
 from __future__ import annotations
@@ -176,13 +183,13 @@ def _temp_elements(model: Any, batch: int, seq: int) -> float:
     return compiled.memory_analysis().temp_size_in_bytes / 4
 
 
-def _key(model: Any, seq_len: int) -> str:
+def _key(model: Any, seq_len: int, what: str = "working") -> str:
     import jax
 
     from colossal_jax.auto.cache import _plain, module_digest, source_digest
 
     parts = {
-        "kind": "layer",
+        "kind": "layer" if what == "working" else f"layer/{what}",
         "model": _plain(model),
         "model_class": type(model).__name__,
         "seq_len": seq_len,
@@ -191,3 +198,68 @@ def _key(model: Any, seq_len: int) -> str:
         "family_source": module_digest(_family(model).module.partition(":")[0]),
     }
     return hashlib.sha256(json.dumps(parts, sort_keys=True, default=repr).encode()).hexdigest()
+
+
+RING_SHAPES = ((4, 128), (8, 64))
+"""``(batch, tokens per device)`` of the two compiles of :func:`ring_blocks` (the same tokens:
+the score blocks differ twofold, the per-token buffers not)."""
+
+
+@functools.lru_cache(maxsize=64)
+def ring_blocks(model: Any) -> float | None:
+    """Score blocks (``[b, heads, s_q, s_k]`` of one hop, fp32) that ring attention holds at its
+    peak for ``model``'s heads, solved from two compiles of the kernel's gradient on a
+    2-device sequence axis (temporaries ``= blocks·4·b·a·t² + per_token·4·b·t`` at ``t``
+    tokens a device); None when this process has fewer than 2 CPU devices (one device is a
+    single hop, which XLA simplifies). Read from the disk cache when it holds it."""
+    import jax
+
+    from colossal_jax.auto.cache import Cache
+
+    key = _key(model, 0, "ring")
+    cache = Cache("layer")
+    hit = cache.get(key)
+    if hit is not None:
+        return float(hit["blocks"])
+    if len(jax.devices("cpu")) < 2:
+        return None
+    a = model.n_head
+    kv = getattr(model, "n_kv_head", None) or a
+    d = model.n_embd // a
+    rows, temps = [], []
+    for b, t in RING_SHAPES:
+        temps.append(_ring_temp(b, t, a, kv, d))
+        rows.append((4.0 * b * a * t * t, 4.0 * b * t))
+    (b1, n1), (b2, n2) = rows
+    det = b1 * n2 - b2 * n1
+    blocks = (temps[0] * n2 - temps[1] * n1) / det
+    cache.put(key, {"blocks": blocks}, {"model": repr(model), "kind": "ring"})
+    return blocks
+
+
+def _ring_temp(b: int, t: int, a: int, kv: int, d: int) -> float:
+    """Compiled temporary bytes of ring attention's gradient, ``t`` tokens on each of 2 CPU
+    devices."""
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+    from jax.sharding import Mesh
+    from jax.sharding import PartitionSpec as P
+
+    from colossal_jax.sequence.ring import ring_attention
+
+    mesh = Mesh(np.array(jax.devices("cpu")[:2]), ("seq",))
+
+    def body(q, k, v, pos):
+        out = ring_attention(q, k, v, pos, pos, axis_name="seq")
+        return jax.lax.psum(jnp.sum(out * out), "seq")
+
+    def loss(q, k, v, pos):
+        spec = P(None, "seq")
+        return jax.shard_map(body, mesh=mesh, in_specs=(spec,) * 4, out_specs=P())(q, k, v, pos)
+
+    q = jax.ShapeDtypeStruct((b, 2 * t, a, d), jnp.float32)
+    k = jax.ShapeDtypeStruct((b, 2 * t, kv, d), jnp.float32)
+    pos = jax.ShapeDtypeStruct((b, 2 * t), jnp.int32)
+    compiled = jax.jit(jax.grad(loss, argnums=(0, 1, 2))).lower(q, k, k, pos).compile()
+    return float(compiled.memory_analysis().temp_size_in_bytes)

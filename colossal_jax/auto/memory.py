@@ -68,18 +68,19 @@ MEMORY_COEF = {
     "kept": 1.0,
     "working": 1.0,
     "pipe_kept": 1.0,
-    "pipe_body": 2.64,
+    "pipe_body": 2.63,
     "pipe_body_split": 1.56,
-    "pipe_ring": 1.38,
+    "pipe_ring": 0.75,
     "logits": 1.0,
 }
 """The weight of each memory term (:func:`memory_terms`) in the predicted peak. All are 1 but a
 pipeline tick's body, which holds a few of its chunk's residual sets at once (made, copied out
-of the record buffers, their gradients): 2.64 chunks with a fused backward, 1.56 with a split
-one (its B and W each run half the backward), and under ring attention 1.38 of the ring's score
-blocks for each layer of the chunk; fitted by non-negative least squares to the compiled memory
-of the 4-layer, 256-wide GPT's pipelined plans on 8 CPU devices (two sweeps, 32 plans) and
-held out on llama-tiny (docs/planner.md, "Memory")."""
+of the record buffers, their gradients): 2.63 chunks with a fused backward, 1.56 with a split
+one (its B and W each run half the backward), and under ring attention 0.75 of the ring's score
+blocks for each layer of the chunk (beside the ring kernel's own working set); fitted by
+non-negative least squares to the compiled memory of the 4-layer, 256-wide GPT's pipelined
+plans on 8 CPU devices (two sweeps, 32 plans) and held out on llama-tiny (docs/planner.md,
+"Memory")."""
 
 
 def _split_elements(
@@ -167,12 +168,17 @@ def _record_elements(plan: Plan) -> float:
 def working_bytes(plan: Plan) -> float:
     """One layer's backward transients on one device, in bytes: the family's measured working
     set under ``remat=none`` (:func:`colossal_jax.auto.layer_memory.working`: per token, its
-    scores split like the kept ones, and one layer's weight gradient split by the tensor mode),
+    scores split like the kept ones, and one layer's weight gradient split by the tensor mode;
+    under ring attention the ring kernel's own score blocks,
+    :func:`colossal_jax.auto.layer_memory.ring_blocks`),
     the grid's gathered linear inputs, and under a policy that recomputes, the intermediates it
     recomputes (what ``none`` keeps beyond what the policy does)."""
     w = layer_memory.working(plan.model, plan.config.seq_len)
+    scores = w.scores
+    if ring_attention(plan):  # the ring's own kernel, not XLA's attention, holds the blocks
+        scores = layer_memory.ring_blocks(plan.model) or scores
     share = _whole_share(plan, "none")
-    per_token = _split_elements(plan, w.other, w.scores, h_share=share, kept=False)
+    per_token = _split_elements(plan, w.other, scores, h_share=share, kept=False)
     per_token += _gathered_inputs(plan)
     if plan.remat != "none":
         per_token += kept_elements(plan, "none") - kept_elements(plan)
