@@ -140,7 +140,7 @@ def main(argv: list[str] | None = None) -> int:
         from colossal_jax.runtime.devices import simulate_cpu_devices
 
         simulate_cpu_devices(args.devices, force_cpu=True)
-    from colossal_jax.auto import sweep
+    from colossal_jax.auto import sweep, sweep_report
     from colossal_jax.auto.choose import budget_of
     from colossal_jax.auto.hardware import hardware
     from colossal_jax.config import ConfigError, TrainConfig
@@ -188,7 +188,7 @@ def main(argv: list[str] | None = None) -> int:
     summary = sweep.summarize(rows)
     summary["complete"] = complete
     summary["seconds"] = time.perf_counter() - t0
-    print(sweep.table(rows))
+    print(sweep_report.table(rows))
     print(json.dumps(summary, indent=1))
     write(rows, summary, args, argv)
     return 0
@@ -222,7 +222,7 @@ def measure(rows: list, args: argparse.Namespace) -> bool:
 
 def write(rows: list, summary: dict, args: argparse.Namespace, argv: list[str] | None) -> None:
     """The JSON and the PNG asked for."""
-    from colossal_jax.auto import sweep
+    from colossal_jax.auto import sweep_report
 
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
@@ -242,7 +242,7 @@ def write(rows: list, summary: dict, args: argparse.Namespace, argv: list[str] |
             title += f", Spearman {sp:.2f}"
         if regret is not None:
             title += f", regret {regret * 100:.0f}%"
-        sweep.plot(rows, str(args.png), title)
+        sweep_report.plot(rows, str(args.png), title)
         print(f"wrote {args.png}")
 
 

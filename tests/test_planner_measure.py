@@ -17,7 +17,7 @@ from jax.sharding import PartitionSpec as P
 
 from colossal_jax.analysis.axes import axis_bytes, group_axes, partition
 from colossal_jax.analysis.hlo import device_groups
-from colossal_jax.auto import measure, sweep
+from colossal_jax.auto import measure, sweep, sweep_report
 from colossal_jax.auto.cache import Cache, plan_key
 from colossal_jax.auto.calibrate import fit_alpha_beta
 from colossal_jax.auto.choose import budget_of
@@ -142,8 +142,8 @@ def test_a_tiny_sweep_reports_correlation_memory_error_and_regret(swept, tmp_pat
     assert summary["spearman"] in (-1.0, 1.0)
     assert summary["max_memory_error"] == max(r.memory_error for r in rows)
     json.dumps([r.to_json() for r in rows])
-    assert sweep.table(rows).count("\n") == len(rows) + 1
-    sweep.plot(rows, str(tmp_path / "sweep.png"), "tiny")
+    assert sweep_report.table(rows).count("\n") == len(rows) + 1
+    sweep_report.plot(rows, str(tmp_path / "sweep.png"), "tiny")
     assert (tmp_path / "sweep.png").stat().st_size > 10_000
 
 
