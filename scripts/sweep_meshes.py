@@ -11,6 +11,8 @@ Examples:
   python scripts/sweep_meshes.py --devices 8 --set n_layer=4 --set n_embd=256 \\
       --batch-size 16 --seq-len 256 --steps 5 --json sweep.json --png docs/img/sweep_gpt.png
   python scripts/sweep_meshes.py --devices 8 --filter 'zero=0 remat=none$' --steps 3
+  python scripts/sweep_meshes.py --devices 8 --model llama-tiny --set n_layer=4 \\
+      --batch-size 16 --seq-len 256 --steps 5 --rounds 3 --sample 12   # each plan's median round
 
 On a GPU (--device h100|h200|a100) the plans run on the real devices, predicted with that
 device's hardware model, in bf16 by default; with one GPU the layout is fixed, so
