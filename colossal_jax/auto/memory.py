@@ -266,9 +266,9 @@ def memory_terms(plan: Plan) -> dict[str, float]:
     kept = _record_elements(plan) * ab * tok * layers * inflight
     chunk = chunk_bytes(plan)
     split = par.pipelined and pipeline_schedule(plan.pipeline).split_backward
-    ring_blocks = 0.0
+    ring_chunk = 0.0
     if par.pipelined and ring_attention(plan):  # one score block per layer of the chunk
-        ring_blocks = ab * tok * scores_per_token(plan, kept=False) * layers / plan.virtual_stages
+        ring_chunk = ab * tok * scores_per_token(plan, kept=False) * layers / plan.virtual_stages
     working = working_bytes(plan)
     logits = 3 * tok * vocab / plan.tensor_split.divisor("vocab size") * 4
     return {
@@ -278,7 +278,7 @@ def memory_terms(plan: Plan) -> dict[str, float]:
         "pipe_kept": kept if par.pipelined else 0.0,
         "pipe_body": chunk if par.pipelined and not split else 0.0,
         "pipe_body_split": chunk if split else 0.0,
-        "pipe_ring": ring_blocks,
+        "pipe_ring": ring_chunk,
         "working": working,
         "logits": logits,
     }

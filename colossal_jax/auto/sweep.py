@@ -372,24 +372,16 @@ def summarize(rows: list[Row]) -> dict[str, Any]:
 
 
 def _round_summary(rows: list[Row], k: int) -> dict[str, Any]:
-    """Spearman and regret of round ``k``'s times alone (rows without that round left out)."""
-    alone = []
-    for r in rows:
-        if len(r.rounds) > k:
-            step, ref = r.rounds[k]
-            alone.append(dataclasses.replace(r, step_s=step, reference_s=ref, normalized_s=None))
+    """Spearman and regret of round ``k``'s times alone (rows without that round left out), as
+    :func:`summarize` gives them."""
+    alone = [
+        dataclasses.replace(r, step_s=r.rounds[k][0], reference_s=r.rounds[k][1], rounds=[])
+        for r in rows
+        if len(r.rounds) > k
+    ]
     normalize(alone)
-    timed = [r for r in alone if r.seconds is not None]
-    out: dict[str, Any] = {"spearman": None, "regret": None}
-    if len(timed) >= 2:
-        out["spearman"] = spearman(
-            [r.ranked.prediction.step_s for r in timed], [r.seconds for r in timed]
-        )
-        best = min(timed, key=lambda r: r.seconds)
-        chosen = next((r for r in timed if r.chosen), None)
-        if chosen is not None:
-            out["regret"] = chosen.seconds / best.seconds - 1
-    return out
+    figures = summarize(alone)
+    return {"spearman": figures["spearman"], "regret": figures["regret"]}
 
 
 def rows_from_json(doc: dict[str, Any], cfg: TrainConfig, hw: Hardware) -> list[Row]:
