@@ -100,6 +100,34 @@ def test_ring_blocks_are_compiled_once_then_read_from_disk(tmp_path, monkeypatch
     assert layer_memory.ring_blocks(model) == first
 
 
+def test_a_longer_ring_is_costed_by_its_own_loop(tmp_path, monkeypatch):
+    # a 2-hop ring's loop holds more blocks at once than a 4-hop one's; 8 hops compile like 4
+    monkeypatch.setenv("COLOSSAL_JAX_CACHE", str(tmp_path))
+    assert [layer_memory.ring_hops(s) for s in (2, 4, 8)] == [2, 4, 4]
+    model = model_config("gpt2-tiny", **{**SMALL, "n_embd": 96})
+    layer_memory.ring_blocks.cache_clear()
+    two, four = layer_memory.ring_blocks(model, 2), layer_memory.ring_blocks(model, 4)
+    assert 1 <= four < two
+    assert layer_memory.ring_blocks(model, 8) == four
+    asked: list[int] = []
+
+    def blocks_of(count: float):
+        def ring_blocks(model, seq=2):
+            asked.append(seq)
+            return count
+
+        return ring_blocks
+
+    for s in (2, 4, 8):  # the working set holds the plan's own ring's blocks, a·s/seq a token
+        plan = _plan(data=8 // s, seq=s, seq_mode="ring")
+        block = memory.act_bytes(plan) * memory.tokens_per_microbatch(plan) * 4 * 32 / s
+        monkeypatch.setattr(layer_memory, "ring_blocks", blocks_of(3.0))
+        three = memory.working_bytes(plan)
+        monkeypatch.setattr(layer_memory, "ring_blocks", blocks_of(4.0))
+        assert memory.working_bytes(plan) - three == pytest.approx(block)
+        assert asked[-2:] == [s, s]
+
+
 def test_grid_modes_hold_their_linears_gathered_inputs():
     flat = _plan(data=2, tensor_row=2, tensor_col=2, tensor_mode="2d")
     model, t, q = flat.model, 4, 2
@@ -175,3 +203,16 @@ def test_fit_recovers_the_figures_a_sweep_was_made_with():
         rows.append(SimpleNamespace(seconds=seconds, ranked=SimpleNamespace(plan=plan)))
     got = fit_cpu.fit(rows, hw)
     assert got == pytest.approx(truth, rel=1e-6)
+
+
+def test_the_whole_tensor_group_divides_the_logits():
+    # the vocabulary split by the mode and, under a grid, the rows by the rest of the group:
+    # llama-tiny's 2.5D plans at depth 2, 4 and 8 compile to the same peak as data=8
+    plain = memory.memory_terms(_plan(data=8))["logits"]
+    for par in (
+        {"data": 4, "tensor_depth": 2, "tensor_mode": "2.5d"},
+        {"data": 2, "tensor_depth": 4, "tensor_mode": "2.5d"},
+        {"data": 2, "tensor_row": 2, "tensor_col": 2, "tensor_mode": "2d"},
+        {"data": 4, "tensor_row": 2, "tensor_mode": "1d"},
+    ):
+        assert memory.memory_terms(_plan(**par))["logits"] == pytest.approx(plain)

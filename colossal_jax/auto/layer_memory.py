@@ -20,10 +20,11 @@ CPU device (the working set of one layer's backward). The memory model
 - **Ring blocks** (:func:`ring_blocks`): the score blocks ring attention's forward and backward
   hold at once (:mod:`colossal_jax.sequence.ring`: a block's scores, probabilities and their
   gradients, with grouped-query attention their regrouped copies), from two compiles of the
-  kernel alone over a 2-device sequence axis with the family's heads, key/value heads and head
-  size: 4.0 blocks for the GPT, 7.0 for llama-tiny (whose 16 query heads share 8 key/value
-  heads), where XLA's reference attention holds 2.5 and 4.5. Kept on disk beside the working
-  set.
+  kernel alone with the family's heads, key/value heads and head size, over a sequence axis
+  of 2 devices for a 2-way split and of 4 for any wider one (a 2-hop ring's loop compiles to
+  more live blocks than a longer one's; 4 and 8 devices give the same count): 4.0 / 2.52
+  blocks for the GPT, 7.0 / 5.0 for llama-tiny (whose 16 query heads share 8 key/value heads),
+  where XLA's reference attention holds 2.5 and 4.5. Kept on disk beside the working set.
 """
 
 from __future__ import annotations
@@ -204,42 +205,53 @@ RING_SHAPES = ((4, 128), (8, 64))
 """``(batch, tokens per device)`` of the two compiles of :func:`ring_blocks` (the same tokens:
 the score blocks differ twofold, the per-token buffers not)."""
 
+RING_HOPS = (2, 4)
+"""Sequence-axis sizes :func:`ring_blocks` compiles the kernel on: 2, and 4 standing for every
+wider ring (whose loop XLA compiles alike: 4 and 8 devices hold the same blocks)."""
+
+
+def ring_hops(seq: int) -> int:
+    """The :data:`RING_HOPS` entry that stands for a ``seq``-way ring."""
+    return RING_HOPS[0] if seq <= RING_HOPS[0] else RING_HOPS[1]
+
 
 @functools.lru_cache(maxsize=64)
-def ring_blocks(model: Any) -> float | None:
+def ring_blocks(model: Any, seq: int = 2) -> float | None:
     """Score blocks (``[b, heads, s_q, s_k]`` of one hop, fp32) that ring attention holds at its
-    peak for ``model``'s heads, solved from two compiles of the kernel's gradient on a
-    2-device sequence axis (temporaries ``= blocks·4·b·a·t² + per_token·4·b·t`` at ``t``
-    tokens a device); None when this process has fewer than 2 CPU devices (one device is a
-    single hop, which XLA simplifies). Read from the disk cache when it holds it."""
+    peak for ``model``'s heads on a ``seq``-way ring, solved from two compiles of the kernel's
+    gradient on a sequence axis of :func:`ring_hops` devices (temporaries ``= blocks·4·b·a·t²
+    + per_token·4·b·t`` at ``t`` tokens a device); None when this process has fewer CPU
+    devices than that (one device is a single hop, which XLA simplifies). Read from the disk
+    cache when it holds it."""
     import jax
 
     from colossal_jax.auto.cache import Cache
 
-    key = _key(model, 0, "ring")
+    hops = ring_hops(seq)
+    key = _key(model, hops, "ring")
     cache = Cache("layer")
     hit = cache.get(key)
     if hit is not None:
         return float(hit["blocks"])
-    if len(jax.devices("cpu")) < 2:
+    if len(jax.devices("cpu")) < hops:
         return None
     a = model.n_head
     kv = getattr(model, "n_kv_head", None) or a
     d = model.n_embd // a
     rows, temps = [], []
     for b, t in RING_SHAPES:
-        temps.append(_ring_temp(b, t, a, kv, d))
+        temps.append(_ring_temp(b, t, a, kv, d, hops))
         rows.append((4.0 * b * a * t * t, 4.0 * b * t))
     (b1, n1), (b2, n2) = rows
     det = b1 * n2 - b2 * n1
     blocks = (temps[0] * n2 - temps[1] * n1) / det
-    cache.put(key, {"blocks": blocks}, {"model": repr(model), "kind": "ring"})
+    cache.put(key, {"blocks": blocks}, {"model": repr(model), "kind": "ring", "hops": hops})
     return blocks
 
 
-def _ring_temp(b: int, t: int, a: int, kv: int, d: int) -> float:
-    """Compiled temporary bytes of ring attention's gradient, ``t`` tokens on each of 2 CPU
-    devices."""
+def _ring_temp(b: int, t: int, a: int, kv: int, d: int, hops: int = 2) -> float:
+    """Compiled temporary bytes of ring attention's gradient, ``t`` tokens on each of ``hops``
+    CPU devices."""
     import jax
     import jax.numpy as jnp
     import numpy as np
@@ -248,7 +260,7 @@ def _ring_temp(b: int, t: int, a: int, kv: int, d: int) -> float:
 
     from colossal_jax.sequence.ring import ring_attention
 
-    mesh = Mesh(np.array(jax.devices("cpu")[:2]), ("seq",))
+    mesh = Mesh(np.array(jax.devices("cpu")[:hops]), ("seq",))
 
     def body(q, k, v, pos):
         out = ring_attention(q, k, v, pos, pos, axis_name="seq")
@@ -258,8 +270,8 @@ def _ring_temp(b: int, t: int, a: int, kv: int, d: int) -> float:
         spec = P(None, "seq")
         return jax.shard_map(body, mesh=mesh, in_specs=(spec,) * 4, out_specs=P())(q, k, v, pos)
 
-    q = jax.ShapeDtypeStruct((b, 2 * t, a, d), jnp.float32)
-    k = jax.ShapeDtypeStruct((b, 2 * t, kv, d), jnp.float32)
-    pos = jax.ShapeDtypeStruct((b, 2 * t), jnp.int32)
+    q = jax.ShapeDtypeStruct((b, hops * t, a, d), jnp.float32)
+    k = jax.ShapeDtypeStruct((b, hops * t, kv, d), jnp.float32)
+    pos = jax.ShapeDtypeStruct((b, hops * t), jnp.int32)
     compiled = jax.jit(jax.grad(loss, argnums=(0, 1, 2))).lower(q, k, k, pos).compile()
     return float(compiled.memory_analysis().temp_size_in_bytes)
