@@ -87,7 +87,7 @@ def test_ring_blocks_are_compiled_once_then_read_from_disk(tmp_path, monkeypatch
     monkeypatch.setenv("COLOSSAL_JAX_CACHE", str(tmp_path))
     model = model_config("gpt2-tiny", **{**SMALL, "n_embd": 96})
     layer_memory.ring_blocks.cache_clear()
-    first = layer_memory.ring_blocks(model)
+    first = layer_memory.ring_blocks(model, 2)
     # scores, probabilities, their gradients and the hop's carried blocks: more than XLA's
     # reference attention's working set holds, and a handful at most
     assert layer_memory.working(model, 32).scores < first < 12
@@ -97,7 +97,7 @@ def test_ring_blocks_are_compiled_once_then_read_from_disk(tmp_path, monkeypatch
         raise AssertionError("compiled again instead of reading the cache")
 
     monkeypatch.setattr(layer_memory, "_ring_temp", no_compile)
-    assert layer_memory.ring_blocks(model) == first
+    assert layer_memory.ring_blocks(model, 2) == first
 
 
 def test_a_longer_ring_is_costed_by_its_own_loop(tmp_path, monkeypatch):
@@ -112,7 +112,7 @@ def test_a_longer_ring_is_costed_by_its_own_loop(tmp_path, monkeypatch):
     asked: list[int] = []
 
     def blocks_of(count: float):
-        def ring_blocks(model, seq=2):
+        def ring_blocks(model, seq):
             asked.append(seq)
             return count
 

@@ -216,7 +216,7 @@ def ring_hops(seq: int) -> int:
 
 
 @functools.lru_cache(maxsize=64)
-def ring_blocks(model: Any, seq: int = 2) -> float | None:
+def ring_blocks(model: Any, seq: int) -> float | None:
     """Score blocks (``[b, heads, s_q, s_k]`` of one hop, fp32) that ring attention holds at its
     peak for ``model``'s heads on a ``seq``-way ring, solved from two compiles of the kernel's
     gradient on a sequence axis of :func:`ring_hops` devices (temporaries ``= blocks·4·b·a·t²
@@ -249,7 +249,7 @@ def ring_blocks(model: Any, seq: int = 2) -> float | None:
     return blocks
 
 
-def _ring_temp(b: int, t: int, a: int, kv: int, d: int, hops: int = 2) -> float:
+def _ring_temp(b: int, t: int, a: int, kv: int, d: int, hops: int) -> float:
     """Compiled temporary bytes of ring attention's gradient, ``t`` tokens on each of ``hops``
     CPU devices."""
     import jax
