@@ -182,10 +182,10 @@ same); every byte of a stage's pipeline record buffers per tick (a tick costs in
 the buffers its loop carries: GPipe, whose ``M`` records a stage holds, measured 0.04 / 0.08 /
 0.19 s a step slower than 1F1B's ``p`` at M = 4 / 8 / 16 on llama-tiny, 2.0–3.0e-11 s a byte);
 and every byte the remat policy keeps for the backward, written in the forward and read back
-(the shared host is memory-bound: every remat policy measured faster than ``none`` on the
-4-layer GPT, ``selective`` 13–35% on four of five layouts, docs/planner.md "Remat on the
-CPU"). Fitted by non-negative least squares (``scripts/sweep_meshes.py --from-json SWEEP
---fit``, ``auto/fit_cpu.py``) to two sweeps of the 4-layer, 256-wide GPT together, 117 plans:
+(the shared host is memory-bound: on seven layouts of the 4-layer GPT a remat policy was
+the fastest, ``dots`` 9–40% faster than ``none``, docs/planner.md "Remat on the CPU").
+Fitted by non-negative least squares (``scripts/sweep_meshes.py --from-json SWEEP --fit``,
+``auto/fit_cpu.py``) to two sweeps of the 4-layer, 256-wide GPT together, 117 plans:
 its every filtered plan (``docs/planner_sweep_gpt_all89.json``, timed on 2026-11-27 on a host
 1.74× faster, its times scaled by the planner's choice's ratio) and every ZeRO-0 remat variant
 of seven layouts (``docs/planner_sweep_gpt_remat.json``); the llama-tiny sweeps held out
