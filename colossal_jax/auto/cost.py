@@ -33,7 +33,7 @@ import math
 from dataclasses import dataclass, field
 
 from colossal_jax.auto.hardware import CPU_STEP, Hardware
-from colossal_jax.auto.memory import MEMORY_COEF, chunk_bytes, kept_elements, memory_terms
+from colossal_jax.auto.memory import MEMORY_COEF, chunk_bytes, memory_terms
 from colossal_jax.auto.per_device import (
     act_bytes,
     act_split,
@@ -265,25 +265,12 @@ def cpu_terms(plan: Plan) -> dict[str, float]:
     times one chunk's record, :func:`~colossal_jax.auto.memory.chunk_bytes`), over every
     device: measured, a tick costs time in proportion to the size of the buffers the loop
     carries, not only to the slot it reads or writes (GPipe against 1F1B at M = 4, 8, 16,
-    docs/planner.md); ``kept_byte_s``, the bytes the remat policy keeps for the backward
-    (:func:`~colossal_jax.auto.memory.kept_elements`, XLA attention's kept score blocks among
-    them) for every layer and microbatch, over every device: written in the forward and read
-    in the backward, memory-bound on the shared host, which is why ``selective`` measures
-    faster than ``none`` there although it computes more (docs/planner.md). (Each
-    collective's cost is its link's α, at least ``collective_s``.)"""
+    docs/planner.md). (Each collective's cost is its link's α, at least ``collective_s``.)"""
     cfg, par, m = plan.config, plan.config.parallel, plan.model
     scores = cfg.batch_size * m.n_head * cfg.seq_len**2 * m.n_layer
     if plan.remat != "none":
         scores *= 4 / 3
     ring = ring_attention(plan)
-    kept = (
-        kept_elements(plan)
-        * act_bytes(plan)
-        * tokens_per_microbatch(plan)
-        * plan.schedule_microbatches
-        * (m.n_layer // par.pipe)
-        * plan.n_devices
-    )
     residual = 0.0
     if par.pipelined:
         ticks, slots = _schedule(
@@ -294,7 +281,6 @@ def cpu_terms(plan: Plan) -> dict[str, float]:
         "xla_score_s": 0.0 if ring else float(scores),
         "ring_score_s": float(scores) if ring else 0.0,
         "residual_tick_byte_s": residual,
-        "kept_byte_s": kept,
     }
 
 

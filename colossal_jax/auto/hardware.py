@@ -166,33 +166,27 @@ CPU_DEFAULT: dict = {
 one)."""
 
 CPU_STEP = {
-    "collective_s": 1.34e-3,
-    "xla_score_s": 1.22e-8,
-    "ring_score_s": 1.47e-8,
-    "residual_tick_byte_s": 3.86e-11,
-    "kept_byte_s": 8.76e-10,
+    "collective_s": 4.55e-4,
+    "xla_score_s": 2.76e-8,
+    "ring_score_s": 2.41e-8,
+    "residual_tick_byte_s": 2.07e-11,
 }
 """What a step on simulated CPU devices costs beyond its matmuls and its bytes on the links,
 per unit (:func:`colossal_jax.auto.cost.cpu_terms`): every collective (a rendezvous of every
 device's thread on the shared cores, which an isolated timing of one collective, the
 calibration's α of about 0, does not see); every attention score element of a step, by kernel
 (XLA's attention materialises ``[heads, s, s]`` blocks and streams them through the softmax and
-its gradient, memory-bound with head sizes of 8–32; the ring's blockwise kernel about the
-same); every byte of a stage's pipeline record buffers per tick (a tick costs in proportion to
-the buffers its loop carries: GPipe, whose ``M`` records a stage holds, measured 0.04 / 0.08 /
-0.19 s a step slower than 1F1B's ``p`` at M = 4 / 8 / 16 on llama-tiny, 2.0–3.0e-11 s a byte);
-and every byte the remat policy keeps for the backward, written in the forward and read back
-(the shared host is memory-bound: on seven layouts of the 4-layer GPT a remat policy was
-the fastest, ``dots`` 9–40% faster than ``none``, docs/planner.md "Remat on the CPU").
-Fitted by non-negative least squares (``scripts/sweep_meshes.py --from-json SWEEP --fit``,
-``auto/fit_cpu.py``) to two sweeps of the 4-layer, 256-wide GPT together, 117 plans:
-its every filtered plan (``docs/planner_sweep_gpt_all89.json``, timed on 2026-11-27 on a host
-1.74× faster, its times scaled by the planner's choice's ratio) and every ZeRO-0 remat variant
-of seven layouts (``docs/planner_sweep_gpt_remat.json``); the llama-tiny sweeps held out
-(docs/planner.md). Until 2026-11-27 (fourth session) the keeping was folded into the score
-price (27.6 ns, fitted on ``remat=none`` plans only), which made ``none`` look cheaper than the
-policies; until the second session a tick cost a microbatch's ``h``-wide activation bytes;
-before that only a 6 ms floor on every collective's α stood for all of it."""
+its gradient, memory-bound with head sizes of 8–32; the ring's blockwise kernel a little less);
+and every byte of a stage's pipeline record buffers per tick (a tick costs in proportion to the
+buffers its loop carries: GPipe, whose ``M`` records a stage holds, measured 0.04 / 0.08 /
+0.19 s a step slower than 1F1B's ``p`` at M = 4 / 8 / 16 on llama-tiny, 2.0–3.0e-11 s a byte).
+Fitted by non-negative least squares to the measured step times of two sweeps of the 4-layer,
+256-wide GPT, 48 plans (``docs/planner_sweep_gpt_fit2.json`` and
+``docs/planner_sweep_gpt_quiet6.json``, normalised times: ``scripts/sweep_meshes.py
+--from-json docs/planner_sweep_gpt_fit3.json --fit``), the llama-tiny sweeps held out
+(docs/planner.md). Until 2026-11-27 (second session) a tick cost a microbatch's ``h``-wide
+activation bytes, which priced GPipe like 1F1B. Until 2026-11-27 only a 6 ms floor on every
+collective's α stood for all of it."""
 
 CPU_ALPHA_S = CPU_STEP["collective_s"]
 """The least fixed cost of one collective inside a whole step on simulated CPU devices

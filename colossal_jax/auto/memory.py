@@ -71,8 +71,6 @@ MEMORY_COEF = {
     "pipe_body": 2.63,
     "pipe_body_split": 1.56,
     "pipe_ring": 0.75,
-    "recompute": 0.0,
-    "pipe_recompute": 0.55,
     "logits": 1.0,
 }
 """The weight of each memory term (:func:`memory_terms`) in the predicted peak. All are 1 but a
@@ -82,12 +80,7 @@ one (its B and W each run half the backward), and under ring attention 0.75 of t
 blocks for each layer of the chunk (beside the ring kernel's own working set); fitted by
 non-negative least squares to the compiled memory of the 4-layer, 256-wide GPT's pipelined
 plans on 8 CPU devices (two sweeps, 32 plans) and held out on llama-tiny (docs/planner.md,
-"Memory"); and a remat policy's recomputed intermediates of one layer, which a step without a
-pipeline shows none of at its peak (0: every ZeRO-0 remat variant of five 4-layer GPT layouts,
-data, 1D, 2D, ring and Ulysses, compiles within 8% of the terms without them, where counting
-them whole over-predicted by 19–69%) and a pipelined one about half (0.55, between the GPipe
-1D and the 1F1B ring layouts that bracket it; ``/tmp``-free figures in docs/planner.md,
-"Remat on the CPU")."""
+"Memory")."""
 
 
 def _split_elements(
@@ -178,8 +171,8 @@ def working_bytes(plan: Plan) -> float:
     scores split like the kept ones, and one layer's weight gradient split by the tensor mode;
     under ring attention the ring kernel's own score blocks,
     :func:`colossal_jax.auto.layer_memory.ring_blocks`),
-    the grid's gathered linear inputs (the intermediates a remat policy recomputes are
-    :func:`recompute_bytes`)."""
+    the grid's gathered linear inputs, and under a policy that recomputes, the intermediates it
+    recomputes (what ``none`` keeps beyond what the policy does)."""
     w = layer_memory.working(plan.model, plan.config.seq_len)
     scores = w.scores
     if ring_attention(plan):  # the ring's own kernel, not XLA's attention, holds the blocks
@@ -187,19 +180,12 @@ def working_bytes(plan: Plan) -> float:
     share = _whole_share(plan, "none")
     per_token = _split_elements(plan, w.other, scores, h_share=share, kept=False)
     per_token += _gathered_inputs(plan)
+    if plan.remat != "none":
+        per_token += kept_elements(plan, "none") - kept_elements(plan)
     ab = act_bytes(plan)
     return ab * (
         per_token * tokens_per_microbatch(plan) + w.fixed / param_split(plan.config.parallel)
     )
-
-
-def recompute_bytes(plan: Plan) -> float:
-    """The intermediates of one layer that a remat policy recomputes in the backward (what
-    ``none`` keeps beyond what the policy does), in bytes on one device; 0 under ``none``."""
-    if plan.remat == "none":
-        return 0.0
-    extra = kept_elements(plan, "none") - kept_elements(plan)
-    return act_bytes(plan) * extra * tokens_per_microbatch(plan)
 
 
 def flash_attention(plan: Plan) -> bool:
@@ -246,8 +232,6 @@ def memory_terms(plan: Plan) -> dict[str, float]:
       ring attention, one score block (``a·s/seq`` per token) for every layer of the chunk,
       which the tick's ring loops hold beside it;
     - ``working``: one layer's backward transients (:func:`working_bytes`);
-    - ``recompute`` (without a pipeline) and ``pipe_recompute`` (with one): the intermediates of
-      one layer the remat policy recomputes (:func:`recompute_bytes`);
     - ``logits``: the logits, their softmax and gradient in fp32, split over the tensor group.
     """
     par = plan.config.parallel
@@ -286,7 +270,6 @@ def memory_terms(plan: Plan) -> dict[str, float]:
     if par.pipelined and ring_attention(plan):  # one score block per layer of the chunk
         ring_chunk = ab * tok * scores_per_token(plan, kept=False) * layers / plan.virtual_stages
     working = working_bytes(plan)
-    recompute = recompute_bytes(plan)
     # the vocabulary split by the tensor mode, and under a grid the rows by the rest of the
     # group: the whole group divides the logits (2.5D at depth 2, 4, 8 compiles alike)
     logits = 3 * tok * vocab / par.tensor_size * 4
@@ -299,8 +282,6 @@ def memory_terms(plan: Plan) -> dict[str, float]:
         "pipe_body_split": chunk if split else 0.0,
         "pipe_ring": ring_chunk,
         "working": working,
-        "recompute": 0.0 if par.pipelined else recompute,
-        "pipe_recompute": recompute if par.pipelined else 0.0,
         "logits": logits,
     }
 
