@@ -46,6 +46,8 @@ def _fields(cls: type) -> tuple[tuple[dataclasses.Field, tuple[Any, ...]], ...]:
 def _convert(cls: type, f: dataclasses.Field, kinds: tuple[Any, ...], value: Any) -> Any:
     """``value`` as one of ``kinds`` (the field's accepted types), or a ConfigError naming
     the field."""
+    if type(value) in kinds:  # already exactly an accepted type: nothing to convert
+        return value
     if value is None and type(None) in kinds:
         return value
     for kind in kinds:
