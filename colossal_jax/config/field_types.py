@@ -48,8 +48,6 @@ def _convert(cls: type, f: dataclasses.Field, kinds: tuple[Any, ...], value: Any
     the field."""
     if type(value) in kinds:  # already exactly an accepted type: nothing to convert
         return value
-    if value is None and type(None) in kinds:
-        return value
     for kind in kinds:
         if kind is bool and isinstance(value, bool | _np_bool()):
             return bool(value)
