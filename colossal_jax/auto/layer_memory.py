@@ -5,7 +5,8 @@ CPU device (the working set of one layer's backward). The memory model
 
 - **Kept** (:func:`kept`): the residuals ``jax.vjp`` saves for one layer of the scanned stack
   under the policy (``jax._src.ad_checkpoint.saved_residuals`` of ``model.blocks`` on one
-  sequence of :data:`TRACE_LEN` tokens; no compile, nothing allocated), as elements per token:
+  sequence of :data:`TRACE_LEN` tokens; no compile, nothing allocated; kept on disk), as
+  elements per token:
   those with one token dimension, and attention score blocks (two) in units of ``a·s``. On the
   4-layer, 256-wide GPT and the 4-layer llama-tiny this equals what XLA stores per layer in the
   compiled stack (9,748 against 9,749 and 4,260 against 4,132 non-score elements per token; 2
@@ -34,7 +35,10 @@ import functools
 import hashlib
 import json
 import math
+from pathlib import Path
 from typing import Any
+
+from colossal_jax.analysis.compile_only import ANALYSIS_ONLY
 
 TRACE_LEN = 13
 """Tokens of the traced sequence: a length no model width equals, so a residual's token
@@ -78,6 +82,18 @@ def _family(model: Any) -> Any:
     raise KeyError(f"no registered model family has the config class {type(model).__name__}")
 
 
+@functools.lru_cache(maxsize=16)
+def _abstract_stack(model: Any, layers: int) -> tuple[Any, Any]:
+    """``(graphdef, abstract parameters)`` of ``model`` cut to ``layers`` layers (kept: every
+    trace and compile of a model's stack shares them)."""
+    from flax import nnx
+
+    m = dataclasses.replace(model, n_layer=layers)
+    family = _family(m)
+    abstract = nnx.eval_shape(lambda: family.build(m, rngs=nnx.Rngs(0), unroll=False))
+    return nnx.split(abstract)
+
+
 def _stack_fn(model: Any, layers: int, remat: str) -> tuple[Any, Any]:
     """``(f, params)``: ``f(params, x, positions)``, the sum of the outputs of ``layers`` layers of
     ``model``'s stack under ``remat`` (its gradient is a training step's backward), with the
@@ -88,10 +104,7 @@ def _stack_fn(model: Any, layers: int, remat: str) -> tuple[Any, Any]:
     from colossal_jax.layers.stack import StackOptions, use_stack_options
     from colossal_jax.parallel.remat import RematPolicy
 
-    m = dataclasses.replace(model, n_layer=layers)
-    family = _family(m)
-    abstract = nnx.eval_shape(lambda: family.build(m, rngs=nnx.Rngs(0), unroll=False))
-    graphdef, params = nnx.split(abstract)
+    graphdef, params = _abstract_stack(model, layers)
     policy = RematPolicy(remat).policy()
 
     def f(params, x, positions):
@@ -104,7 +117,21 @@ def _stack_fn(model: Any, layers: int, remat: str) -> tuple[Any, Any]:
 
 @functools.lru_cache(maxsize=256)
 def kept(model: Any, remat: str) -> Kept:
-    """:class:`Kept` of one layer of ``model`` (a family's resolved config) under ``remat``."""
+    """:class:`Kept` of one layer of ``model`` (a family's resolved config) under ``remat``;
+    read from the disk cache when it holds it."""
+    from colossal_jax.auto.cache import Cache
+
+    key = _key(model, TRACE_LEN, f"kept/{remat}")
+    cache = Cache("layer")
+    hit = cache.get(key)
+    if hit is not None:
+        return Kept(**hit)
+    result = _traced_kept(model, remat)
+    cache.put(key, dataclasses.asdict(result), {"model": repr(model), "remat": remat})
+    return result
+
+
+def _traced_kept(model: Any, remat: str) -> Kept:
     import jax
     import jax.numpy as jnp
     from jax._src.ad_checkpoint import saved_residuals
@@ -180,8 +207,15 @@ def _temp_elements(model: Any, batch: int, seq: int) -> float:
     x = jax.ShapeDtypeStruct((batch, seq, model.n_embd), jnp.float32, sharding=on)
     positions = jax.ShapeDtypeStruct((batch, seq), jnp.int32, sharding=on)
     params = jax.tree.map(lambda p: jax.ShapeDtypeStruct(p.shape, p.dtype, sharding=on), params)
-    compiled = jax.jit(jax.grad(f, argnums=(0, 1))).lower(params, x, positions).compile()
+    lowered = jax.jit(jax.grad(f, argnums=(0, 1))).lower(params, x, positions)
+    compiled = lowered.compile(compiler_options=ANALYSIS_ONLY)
     return compiled.memory_analysis().temp_size_in_bytes / 4
+
+
+@functools.cache
+def _method_digest() -> str:
+    """SHA-256 of this module's source: how the figures are read is part of their key."""
+    return hashlib.sha256(Path(__file__).read_bytes()).hexdigest()
 
 
 def _key(model: Any, seq_len: int, what: str = "working") -> str:
@@ -197,6 +231,7 @@ def _key(model: Any, seq_len: int, what: str = "working") -> str:
         "jax": jax.__version__,
         "source": source_digest(),
         "family_source": module_digest(_family(model).module.partition(":")[0]),
+        "method": _method_digest(),
     }
     return hashlib.sha256(json.dumps(parts, sort_keys=True, default=repr).encode()).hexdigest()
 
@@ -273,5 +308,6 @@ def _ring_temp(b: int, t: int, a: int, kv: int, d: int, hops: int) -> float:
     q = jax.ShapeDtypeStruct((b, hops * t, a, d), jnp.float32)
     k = jax.ShapeDtypeStruct((b, hops * t, kv, d), jnp.float32)
     pos = jax.ShapeDtypeStruct((b, hops * t), jnp.int32)
-    compiled = jax.jit(jax.grad(loss, argnums=(0, 1, 2))).lower(q, k, k, pos).compile()
+    lowered = jax.jit(jax.grad(loss, argnums=(0, 1, 2))).lower(q, k, k, pos)
+    compiled = lowered.compile(compiler_options=ANALYSIS_ONLY)
     return float(compiled.memory_analysis().temp_size_in_bytes)

@@ -32,6 +32,7 @@ from typing import Any
 import jax
 
 from colossal_jax.analysis.axes import axis_bytes
+from colossal_jax.analysis.compile_only import ANALYSIS_ONLY
 from colossal_jax.analysis.compute import matmul_flops
 from colossal_jax.auto.cache import Cache, plan_key
 from colossal_jax.config.choices import MESH_ORDER
@@ -107,7 +108,9 @@ class Stepper:
             opt_state = abstract_like(abstract_opt, run.opt_shardings)
         self.state, self.batch = (params, opt_state), global_batch(run, 0)
         t0 = time.perf_counter()
-        self.step = make_train_step(run).lower(params, opt_state, self.batch).compile()
+        lowered = make_train_step(run).lower(params, opt_state, self.batch)
+        # a step that only gives its figures compiles without LLVM's optimisations
+        self.step = lowered.compile(compiler_options=None if allocate else ANALYSIS_ONLY)
         self.figures = figures(run, self.step, time.perf_counter() - t0)
 
     def time(self, steps: int) -> float:

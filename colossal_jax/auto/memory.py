@@ -165,18 +165,20 @@ def _record_elements(plan: Plan) -> float:
     return max(kept, record)
 
 
-def working_bytes(plan: Plan) -> float:
+def working_bytes(plan: Plan, *, floor: bool = False) -> float:
     """One layer's backward transients on one device, in bytes: the family's measured working
     set under ``remat=none`` (:func:`colossal_jax.auto.layer_memory.working`: per token, its
     scores split like the kept ones, and one layer's weight gradient split by the tensor mode;
     under ring attention the ring kernel's own score blocks,
     :func:`colossal_jax.auto.layer_memory.ring_blocks`),
     the grid's gathered linear inputs, and under a policy that recomputes, the intermediates it
-    recomputes (what ``none`` keeps beyond what the policy does)."""
+    recomputes (what ``none`` keeps beyond what the policy does). ``floor``: the ring kernel's
+    blocks taken as none, which compiles no ring and can only be less (:func:`memory_bytes`)."""
     w = layer_memory.working(plan.model, plan.config.seq_len)
     scores = w.scores
     if ring_attention(plan):  # the ring's own kernel, not XLA's attention, holds the blocks
-        scores = layer_memory.ring_blocks(plan.model, plan.config.parallel.seq) or scores
+        blocks = 0.0 if floor else layer_memory.ring_blocks(plan.model, plan.config.parallel.seq)
+        scores = scores if blocks is None else blocks
     share = _whole_share(plan, "none")
     per_token = _split_elements(plan, w.other, scores, h_share=share, kept=False)
     per_token += _gathered_inputs(plan)
@@ -216,8 +218,9 @@ def scores_per_token(plan: Plan, *, kept: bool = True) -> float:
     return float(a * cfg.seq_len)
 
 
-def memory_terms(plan: Plan) -> dict[str, float]:
-    """The terms of the predicted peak per device, in bytes (weights :data:`MEMORY_COEF`):
+def memory_terms(plan: Plan, *, floor: bool = False) -> dict[str, float]:
+    """The terms of the predicted peak per device, in bytes (weights :data:`MEMORY_COEF`;
+    ``floor``: as :func:`working_bytes`):
 
     - ``state``: parameters and optimizer slots as stored (split by tensor, pipeline and ZeRO;
       the step donates them, so its outputs alias them); offloaded state counts on the
@@ -269,7 +272,7 @@ def memory_terms(plan: Plan) -> dict[str, float]:
     ring_chunk = 0.0
     if par.pipelined and ring_attention(plan):  # one score block per layer of the chunk
         ring_chunk = ab * tok * scores_per_token(plan, kept=False) * layers / plan.virtual_stages
-    working = working_bytes(plan)
+    working = working_bytes(plan, floor=floor)
     # the vocabulary split by the tensor mode, and under a grid the rows by the rest of the
     # group: the whole group divides the logits (2.5D at depth 2, 4, 8 compiles alike)
     logits = 3 * tok * vocab / par.tensor_size * 4
@@ -294,10 +297,13 @@ def chunk_bytes(plan: Plan) -> float:
     return _record_elements(plan) * act_bytes(plan) * tok * layers / plan.virtual_stages
 
 
-def memory_bytes(plan: Plan) -> float:
+def memory_bytes(plan: Plan, *, floor: bool = False) -> float:
     """The predicted peak bytes per device: :func:`memory_terms` weighted by
-    :data:`MEMORY_COEF`."""
-    return sum(MEMORY_COEF[k] * v for k, v in memory_terms(plan).items())
+    :data:`MEMORY_COEF`. With ``floor``, a lower bound of it that compiles no ring attention
+    (the ring kernel's score blocks taken as none; every term and weight is non-negative and
+    grows with them): the planner prices a plan only when its floor fits, and finds the least
+    memory of a request nothing fits by pricing plans in order of their floors."""
+    return sum(MEMORY_COEF[k] * v for k, v in memory_terms(plan, floor=floor).items())
 
 
 def _in_flight(plan: Plan) -> float:

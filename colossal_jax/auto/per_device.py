@@ -6,6 +6,7 @@ tensor mode cuts activations, the inner width of a layer."""
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 from colossal_jax.config.plan import Plan
 from colossal_jax.config.tensor_modes import tensor_mode
@@ -14,7 +15,16 @@ from colossal_jax.config.tensor_split import param_split
 
 def stack_params(model) -> int:
     """Parameters of the model's layer stack: ``n_layer`` times one layer's, one layer's read
-    off the family's own count (``param_count`` with one layer more, minus it)."""
+    off the family's own count (``param_count`` with one layer more, minus it); kept per model
+    (the planner asks it for every candidate)."""
+    try:
+        return _stack_params(model)
+    except TypeError:  # a config that cannot be hashed is counted every time
+        return _stack_params.__wrapped__(model)
+
+
+@functools.lru_cache(maxsize=256)
+def _stack_params(model) -> int:
     deeper = dataclasses.replace(model, n_layer=model.n_layer + 1)
     return model.n_layer * (deeper.param_count() - model.param_count())
 

@@ -9,17 +9,26 @@ plan. Remat, offload, ZeRO and accumulation are thereby chosen jointly with the 
 that needs remat to fit pays for it in its predicted time and competes with one that does not.
 The layouts' plans are ranked by predicted step time. A ``time_budget`` stops the search at the
 next layout with the best found so far (:attr:`SearchResult.stopped_early`; it searches on
-until one plan fits). Nothing here
-compiles or imports JAX.
+until one plan fits).
+
+A combination is priced only when its memory floor (:func:`~colossal_jax.auto.memory.
+memory_bytes` with ``floor``: no ring-attention compile, never more than the prediction) fits
+the budget. When nothing fits, the least memory any plan needs (the impossible request's
+answer, :func:`impossible`) is found by branch and bound: combinations in order of their
+floors, each priced until the next floor is no less than the least memory found. The memory
+model's per-family figures (:mod:`~colossal_jax.auto.layer_memory`) compile a layer once per
+model and sequence length, on disk after that; nothing else here compiles.
 """
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import time
 from dataclasses import dataclass, field
+from typing import Any
 
-from colossal_jax.auto import cost, space
+from colossal_jax.auto import cost, memory, space
 from colossal_jax.auto.cost import Prediction
 from colossal_jax.auto.hardware import Hardware
 from colossal_jax.auto.space import Knobs
@@ -53,7 +62,7 @@ class SearchResult:
       ranked: the fitting plans, fastest first (one per layout).
       layouts: layouts enumerated; rejected: refused by the rules (reason → count);
       over_budget: layouts with no knob combination within the budget.
-      smallest: the candidate of least predicted memory of all (whether it fits or not).
+      smallest: when no candidate fits, the one of least predicted memory (else None).
       stopped_early: the time budget ended the search before every layout was seen.
       seconds: the search's wall time.
     """
@@ -72,8 +81,28 @@ class SearchResult:
 
 
 def _variant(plan: Plan, knobs: Knobs) -> Plan:
-    """``plan`` with ``knobs``, unvalidated (for costing; :func:`resolve` confirms the chosen)."""
-    return dataclasses.replace(plan, config=knobs.apply(plan.config), grad_accum=knobs.grad_accum)
+    """``plan`` with ``knobs``, unvalidated (for costing; :func:`resolve` confirms the chosen).
+    Copied rather than rebuilt: a search makes tens of thousands, and the config's field-type
+    check (all it runs on construction) has nothing to check in knobs the search enumerated."""
+    par = space.with_zero(plan.config.parallel, knobs.zero)
+    config = _copy(
+        plan.config,
+        remat=knobs.remat,
+        offload=knobs.offload,
+        grad_accum=knobs.grad_accum,
+        device_batch=None,
+        parallel=par,
+    )
+    return _copy(plan, config=config, grad_accum=knobs.grad_accum)
+
+
+def _copy(obj: Any, **changes: Any) -> Any:
+    """A shallow copy of the frozen dataclass ``obj`` with ``changes``, not re-run through its
+    constructor."""
+    new = copy.copy(obj)
+    for name, value in changes.items():
+        object.__setattr__(new, name, value)
+    return new
 
 
 def _reason(e: ConfigError) -> str:
@@ -82,28 +111,52 @@ def _reason(e: ConfigError) -> str:
     return text.split(";")[0][:80]
 
 
+Variant = tuple[float, Knobs, Plan]
+"""A knob combination of a layout, unvalidated: ``(its memory floor, knobs, plan)``."""
+
+
 def best_knobs(
     base: Plan, hw: Hardware, budget: float, devices: Devices
-) -> tuple[Ranked | None, Ranked]:
+) -> tuple[Ranked | None, list[Variant]]:
     """``(the fastest knob combination of the layout of base that fits budget and resolves,
-    or None; the combination of least memory)``."""
+    or None; every combination with its memory floor)``: only those whose floor fits are
+    priced."""
     par = base.config.parallel
-    costed = []
+    variants: list[Variant] = []
+    fitting = []
     for k in space.knobs(par, base.config.batch_size, base.batch_shards * base.microbatches):
         variant = _variant(base, k)
-        costed.append((cost.predict(variant, hw), k, variant))
-    costed.sort(key=lambda c: c[0].step_s)
-    smallest = min(costed, key=lambda c: c[0].memory_bytes)
-    lightest = Ranked(smallest[2], smallest[1], smallest[0])
-    for pred, k, _ in costed:
-        if pred.memory_bytes > budget:
+        floor = memory.memory_bytes(variant, floor=True)
+        variants.append((floor, k, variant))
+        if floor > budget:
             continue
+        pred = cost.predict(variant, hw)
+        if pred.memory_bytes <= budget:
+            fitting.append((pred, k))
+    fitting.sort(key=lambda c: c[0].step_s)
+    for pred, k in fitting:
         try:
             plan = resolve(k.apply(base.config), devices)
         except ConfigError:
             continue
-        return Ranked(plan, k, pred), lightest
-    return None, lightest
+        return Ranked(plan, k, pred), variants
+    return None, variants
+
+
+def lightest(variants: list[Variant], hw: Hardware) -> Ranked | None:
+    """The combination of least predicted memory among ``variants``, by branch and bound:
+    priced in order of their floors until the next floor is no less than the least found."""
+    best: tuple[float, Knobs, Plan] | None = None
+    for floor, k, plan in sorted(variants, key=lambda v: v[0]):
+        if best is not None and floor >= best[0]:
+            break
+        need = memory.memory_bytes(plan)
+        if best is None or need < best[0]:
+            best = (need, k, plan)
+    if best is None:
+        return None
+    _, k, plan = best
+    return Ranked(plan, k, cost.predict(plan, hw))
 
 
 def devices_of(hw: Hardware, n: int) -> Devices:
@@ -149,6 +202,7 @@ def search(
     devices = devices_of(hw, n)
     light = Knobs(zero=0, remat="none", offload="none", grad_accum=1)
     out = SearchResult()
+    unfit: list[Variant] = []
     for par in space.layouts(n, cfg.batch_size, hw.node):
         over = time_budget is not None and time.perf_counter() - start > time_budget
         if over and out.ranked:  # stop with the best so far, once there is one
@@ -161,16 +215,16 @@ def search(
             why = _reason(e)
             out.rejected[why] = out.rejected.get(why, 0) + 1
             continue
-        chosen, lightest = best_knobs(base, hw, budget, devices)
-        if out.smallest is None or (
-            lightest.prediction.memory_bytes < out.smallest.prediction.memory_bytes
-        ):
-            out.smallest = lightest
+        chosen, variants = best_knobs(base, hw, budget, devices)
         if chosen is None:
             out.over_budget += 1
         else:
             out.ranked.append(chosen)
+        if not out.ranked:  # kept only while nothing fits: the impossible request's answer
+            unfit.extend(variants)
     out.ranked.sort(key=lambda r: r.prediction.step_s)
+    if not out.ranked:
+        out.smallest = lightest(unfit, hw)
     out.seconds = time.perf_counter() - start
     return out
 

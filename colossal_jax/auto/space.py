@@ -40,6 +40,7 @@ Pruning (each rule says why it loses nothing worth having):
 from __future__ import annotations
 
 import dataclasses
+import functools
 import itertools
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -73,7 +74,7 @@ class Knobs:
             offload=self.offload,
             grad_accum=self.grad_accum,
             device_batch=None,
-            parallel=dataclasses.replace(cfg.parallel, zero=self.zero),
+            parallel=with_zero(cfg.parallel, self.zero),
         )
 
     def describe(self) -> str:
@@ -83,6 +84,12 @@ class Knobs:
         if self.grad_accum > 1:
             parts.append(f"accum={self.grad_accum}")
         return " ".join(parts)
+
+
+@functools.lru_cache(maxsize=1024)
+def with_zero(par: ParallelConfig, zero: int) -> ParallelConfig:
+    """``par`` at ZeRO stage ``zero`` (kept: a layout's knob combinations share four)."""
+    return dataclasses.replace(par, zero=zero)
 
 
 def divisors(n: int) -> list[int]:

@@ -6,6 +6,7 @@ gradient accumulation, and the training-state memory floor.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from typing import TYPE_CHECKING, Any
 
@@ -32,7 +33,16 @@ if TYPE_CHECKING:
 
 def param_count(m: Any) -> int:
     """Parameters of the module a model config ``m`` (any family's,
-    :class:`colossal_jax_models.registry.ModelConfig`) builds: its own count."""
+    :class:`colossal_jax_models.registry.ModelConfig`) builds: its own count (kept per config:
+    the planner asks it for every candidate)."""
+    try:
+        return _counted(m)
+    except TypeError:  # a config that cannot be hashed is counted every time
+        return m.param_count()
+
+
+@functools.lru_cache(maxsize=256)
+def _counted(m: Any) -> int:
     return m.param_count()
 
 
