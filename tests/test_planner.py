@@ -136,6 +136,58 @@ def test_impossible_names_the_plan_that_would_fit():
     assert again.ranked  # the memory the line names is enough
 
 
+def test_least_memory_by_branch_and_bound_is_that_of_pricing_every_combination():
+    """The impossible request's answer is found by pricing combinations in order of their memory
+    floors (docs/planner.md, "The search"): the same least memory as pricing all of them, and no
+    floor above its prediction (ring layouts included, whose floor leaves out the ring's
+    blocks)."""
+    from colossal_jax.auto.search import _variant, devices_of
+
+    hw = hardware.hardware("cpu")
+    cfg = _cfg()
+    result = search(cfg, 8, hw, 1e3)
+    assert not result.ranked and result.smallest is not None
+    light = space.Knobs(zero=0, remat="none", offload="none", grad_accum=1)
+    every, rings = [], 0
+    for par in space.layouts(8, cfg.batch_size, hw.node):
+        try:
+            base = resolve(light.apply(dataclasses.replace(cfg, parallel=par)), devices_of(hw, 8))
+        except ConfigError:
+            continue
+        for k in space.knobs(par, cfg.batch_size, base.batch_shards * base.microbatches):
+            variant = _variant(base, k)
+            need = memory.memory_bytes(variant)
+            floor = memory.memory_bytes(variant, floor=True)
+            assert floor <= need, (variant.config.parallel, k)
+            rings += floor < need
+            every.append(need)
+    assert rings > 0  # the floor did leave the ring's blocks out somewhere
+    assert result.smallest.prediction.memory_bytes == min(every)
+
+
+def test_branch_and_bound_prices_in_floor_order_until_a_floor_reaches_the_least(monkeypatch):
+    """``lightest`` on made-up floors and needs: the least need is not the least floor's, and
+    pricing stops at the first floor no less than the least need found."""
+    from colossal_jax.auto import search as search_mod
+
+    needs = {"a": 10.0, "b": 2.5, "c": 3.0, "d": 9.0}
+    floors = {"a": 1.0, "b": 2.0, "c": 2.5, "d": 4.0}
+    priced = []
+
+    def memory_bytes(plan, floor=False):
+        priced.append(plan)
+        return needs[plan]
+
+    monkeypatch.setattr(search_mod.memory, "memory_bytes", memory_bytes)
+    monkeypatch.setattr(search_mod.cost, "predict", lambda plan, hw: needs[plan])
+    knobs = space.Knobs(zero=0, remat="none", offload="none", grad_accum=1)
+    variants = [(floors[n], knobs, n) for n in ("d", "c", "b", "a")]
+    best = search_mod.lightest(variants, hardware.hardware("cpu"))
+    assert best is not None and best.plan == "b" and best.prediction == 2.5
+    assert priced == ["a", "b"]  # c's floor 2.5 is no less than b's 2.5: not priced
+    assert search_mod.lightest([], hardware.hardware("cpu")) is None
+
+
 def test_written_preset_trains_unchanged(tmp_path, capsys):
     out = tmp_path / "plan.toml"
     plan_py = _plan_script()

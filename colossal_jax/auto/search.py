@@ -220,6 +220,7 @@ def search(
             out.over_budget += 1
         else:
             out.ranked.append(chosen)
+            unfit.clear()
         if not out.ranked:  # kept only while nothing fits: the impossible request's answer
             unfit.extend(variants)
     out.ranked.sort(key=lambda r: r.prediction.step_s)
