@@ -217,9 +217,10 @@ def _inner_sizes(plan: Plan) -> dict[str, int]:
     return out
 
 
-def predict(plan: Plan, hw: Hardware) -> Prediction:
+def predict(plan: Plan, hw: Hardware, terms: dict[str, float] | None = None) -> Prediction:
     """The predicted step time, memory and traffic of ``plan`` on ``hw``
-    (this module's docstring says how)."""
+    (this module's docstring says how); ``terms``: its :func:`memory_terms` when the caller
+    has them."""
     model_flops, dev_flops = flops(plan)
     n = plan.n_devices
     rate = hw.peak_flops * hw.efficiency
@@ -235,7 +236,7 @@ def predict(plan: Plan, hw: Hardware) -> Prediction:
         exposed += max(0.0, axis_s["data"] - hidden)
     offload = _offload_seconds(plan, hw)
     cpu = sum(CPU_STEP[k] * v for k, v in cpu_terms(plan).items()) if hw.shared else 0.0
-    terms = memory_terms(plan)
+    terms = terms if terms is not None else memory_terms(plan)
     state = MEMORY_COEF["state"] * terms["state"] + MEMORY_COEF["grads"] * terms["grads"]
     act = sum(MEMORY_COEF[k] * v for k, v in terms.items() if k not in ("state", "grads"))
     return Prediction(

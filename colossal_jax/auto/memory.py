@@ -303,7 +303,12 @@ def memory_bytes(plan: Plan, *, floor: bool = False) -> float:
     (the ring kernel's score blocks taken as none; every term and weight is non-negative and
     grows with them): the planner prices a plan only when its floor fits, and finds the least
     memory of a request nothing fits by pricing plans in order of their floors."""
-    return sum(MEMORY_COEF[k] * v for k, v in memory_terms(plan, floor=floor).items())
+    return weighted(memory_terms(plan, floor=floor))
+
+
+def weighted(terms: dict[str, float]) -> float:
+    """The peak of :func:`memory_terms`' ``terms``: their sum weighted by :data:`MEMORY_COEF`."""
+    return sum(MEMORY_COEF[k] * v for k, v in terms.items())
 
 
 def _in_flight(plan: Plan) -> float:

@@ -31,6 +31,7 @@ from typing import Any
 from colossal_jax.auto import cost, memory, space
 from colossal_jax.auto.cost import Prediction
 from colossal_jax.auto.hardware import Hardware
+from colossal_jax.auto.per_device import ring_attention
 from colossal_jax.auto.space import Knobs
 from colossal_jax.checks.resolve import resolve
 from colossal_jax.config.errors import ConfigError
@@ -126,11 +127,13 @@ def best_knobs(
     fitting = []
     for k in space.knobs(par, base.config.batch_size, base.batch_shards * base.microbatches):
         variant = _variant(base, k)
-        floor = memory.memory_bytes(variant, floor=True)
+        terms = memory.memory_terms(variant, floor=True)
+        floor = memory.weighted(terms)
         variants.append((floor, k, variant))
         if floor > budget:
             continue
-        pred = cost.predict(variant, hw)
+        # without ring attention the floor is the prediction's own memory
+        pred = cost.predict(variant, hw, None if ring_attention(variant) else terms)
         if pred.memory_bytes <= budget:
             fitting.append((pred, k))
     fitting.sort(key=lambda c: c[0].step_s)

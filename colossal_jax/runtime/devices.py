@@ -54,7 +54,7 @@ def backends_initialized() -> bool:
     return bool(getattr(xla_bridge, "_backends", {}))
 
 
-def simulate_cpu_devices(n: int, *, force_cpu: bool = False) -> None:
+def simulate_cpu_devices(n: int, *, force_cpu: bool = False, at_least: bool = False) -> None:
     """Make the CPU backend expose ``n`` devices, so meshes of ``n`` devices run on one host.
 
     Call it at the top of a script, before anything touches JAX's devices (importing
@@ -64,7 +64,8 @@ def simulate_cpu_devices(n: int, *, force_cpu: bool = False) -> None:
 
     Raises ``ConfigError`` naming the fix if JAX's backends already started with fewer than ``n``
     devices (then the flag can no longer take effect). If they started with ``n`` or more, nothing
-    changes and no error is raised.
+    changes and no error is raised. With ``at_least=True`` an earlier count of ``n`` or more in
+    ``XLA_FLAGS`` is kept too (a caller that needs ``n`` devices, not exactly ``n``).
     """
     if not isinstance(n, int) or isinstance(n, bool) or n < 1:
         raise ConfigError(f"simulate_cpu_devices({n!r}): n must be a positive integer, e.g. 8")
@@ -81,6 +82,9 @@ def simulate_cpu_devices(n: int, *, force_cpu: bool = False) -> None:
             f"array), or set XLA_FLAGS={_FLAG}={n} in the environment before Python starts"
         )
     flags = os.environ.get("XLA_FLAGS", "")
+    earlier = re.search(rf"{_FLAG}=(\d+)", flags)
+    if at_least and earlier is not None and int(earlier.group(1)) >= n:
+        return
     flags = re.sub(rf"{_FLAG}=\S*", "", flags).strip()
     os.environ["XLA_FLAGS"] = f"{flags} {_FLAG}={n}".strip()
     if force_cpu:
