@@ -322,5 +322,5 @@ def _in_flight(plan: Plan) -> float:
     if plan.pipeline == "zb-h1":  # F to W: at most p records on a stage, 1F1B's peak
         return float(min(p, m))
     if plan.virtual_stages > 1:
-        return min(m * plan.virtual_stages, p * (1 + (p - 1) / (p * plan.virtual_stages)))
+        return min(float(m), p * (1 + (p - 1) / (p * plan.virtual_stages)))
     return float(min(p, m))
