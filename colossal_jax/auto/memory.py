@@ -9,9 +9,9 @@ layer, the activations each remat policy keeps per layer and token (the model fa
 residuals, traced, and one layer's working set, compiled once: :mod:`colossal_jax.auto.
 layer_memory`; split over the devices by the tensor and sequence modes) for the microbatches in
 flight (1 without a pipeline, ``M`` for GPipe, ``p`` for 1F1B, ``p·(1 +
-(p−1)/(p·V))`` interleaved and ZB-V, ``p`` ZB-H1; a split backward's record, the larger of the
-residuals and the linears' inputs and output gradients; with a pipeline, the tick's body, a few
-chunks of them), the logits and their gradient. Attention
+(p−1)/(p·V))`` interleaved and ZB-V (at most ``M``), ``p`` ZB-H1; a split backward's record,
+the larger of the residuals and the linears' inputs and output gradients; with a pipeline,
+the tick's body, a few chunks of them), the logits and their gradient. Attention
 keeps its ``a·s`` scores per token only where it runs XLA's reference kernel: cuDNN flash
 attention (GPU, 16-bit) and ring attention keep none (:func:`scores_per_token`). On a GPU the
 offloaded state stays in host memory.
@@ -321,6 +321,6 @@ def _in_flight(plan: Plan) -> float:
         return float(m)
     if plan.pipeline == "zb-h1":  # F to W: at most p records on a stage, 1F1B's peak
         return float(min(p, m))
-    if plan.virtual_stages > 1:
+    if plan.virtual_stages > 1:  # in units of a stage's microbatch: at most the M there are
         return min(float(m), p * (1 + (p - 1) / (p * plan.virtual_stages)))
     return float(min(p, m))
