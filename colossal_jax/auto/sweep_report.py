@@ -41,7 +41,7 @@ def plot(rows: list[Any], path: str, title: str) -> None:
     """Two panels to ``path`` (PNG): predicted against measured step time (log-log, with the
     line ``y = c·x`` of the median ratio ``c``: only the ranks are compared), and predicted
     against compiled peak memory (with ``y = x``); the chosen plan and the best measured are
-    marked."""
+    marked. A sweep that timed nothing (``--steps 0``) draws the memory panel alone."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -49,17 +49,21 @@ def plot(rows: list[Any], path: str, title: str) -> None:
 
     ok = [r for r in rows if r.compiled is not None]
     timed = [r for r in ok if r.seconds is not None]
-    fig, (ax_t, ax_m) = plt.subplots(1, 2, figsize=(11, 4.8))
+    if timed:
+        fig, (ax_t, ax_m) = plt.subplots(1, 2, figsize=(11, 4.8))
+    else:
+        fig, ax_m = plt.subplots(1, 1, figsize=(5.8, 4.8))
     best = min(timed, key=lambda r: r.seconds or 0.0, default=None)
     paired = bool(timed) and all(r.normalized_s is not None for r in timed)
-    _scatter(
-        ax_t,
-        [(r.ranked.prediction.step_s * 1e3, r.seconds * 1e3, r) for r in timed],
-        best,
-        "predicted step (ms)",
-        "measured step, normalised to the reference (ms)" if paired else "measured step (ms)",
-        scaled=True,
-    )
+    if timed:
+        _scatter(
+            ax_t,
+            [(r.ranked.prediction.step_s * 1e3, r.seconds * 1e3, r) for r in timed],
+            best,
+            "predicted step (ms)",
+            "measured step, normalised to the reference (ms)" if paired else "measured step (ms)",
+            scaled=True,
+        )
     _scatter(
         ax_m,
         [(r.ranked.prediction.memory_bytes / MIB, r.compiled.peak_bytes / MIB, r) for r in ok],
