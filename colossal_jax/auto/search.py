@@ -85,15 +85,7 @@ def _variant(plan: Plan, knobs: Knobs) -> Plan:
     """``plan`` with ``knobs``, unvalidated (for costing; :func:`resolve` confirms the chosen).
     Copied rather than rebuilt: a search makes tens of thousands, and the config's field-type
     check (all it runs on construction) has nothing to check in knobs the search enumerated."""
-    par = space.with_zero(plan.config.parallel, knobs.zero)
-    config = _copy(
-        plan.config,
-        remat=knobs.remat,
-        offload=knobs.offload,
-        grad_accum=knobs.grad_accum,
-        device_batch=None,
-        parallel=par,
-    )
+    config = _copy(plan.config, **knobs.changes(plan.config))
     return _copy(plan, config=config, grad_accum=knobs.grad_accum)
 
 

@@ -44,6 +44,7 @@ import functools
 import itertools
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import Any
 
 from colossal_jax.config import pipelines, seq_modes, tensor_modes
 from colossal_jax.config.errors import ConfigError
@@ -68,14 +69,17 @@ class Knobs:
 
     def apply(self, cfg: TrainConfig) -> TrainConfig:
         """``cfg`` with these knobs (``device_batch`` cleared: accumulation is explicit)."""
-        return dataclasses.replace(
-            cfg,
-            remat=self.remat,
-            offload=self.offload,
-            grad_accum=self.grad_accum,
-            device_batch=None,
-            parallel=with_zero(cfg.parallel, self.zero),
-        )
+        return dataclasses.replace(cfg, **self.changes(cfg))
+
+    def changes(self, cfg: TrainConfig) -> dict[str, Any]:
+        """The fields of ``cfg`` these knobs set, as :meth:`apply` sets them."""
+        return {
+            "remat": self.remat,
+            "offload": self.offload,
+            "grad_accum": self.grad_accum,
+            "device_batch": None,
+            "parallel": with_zero(cfg.parallel, self.zero),
+        }
 
     def describe(self) -> str:
         parts = [f"zero={self.zero}", f"remat={self.remat}"]
