@@ -159,6 +159,8 @@ def test_least_memory_by_branch_and_bound_is_that_of_pricing_every_combination()
             need = memory.memory_bytes(variant)
             floor = memory.memory_bytes(variant, floor=True)
             assert floor <= need, (variant.config.parallel, k)
+            # the search prices these by their floor's terms: it must be the prediction
+            assert floor == need or not memory.floor_is_exact(variant), variant.config.parallel
             rings += floor < need
             every.append(need)
     assert rings > 0  # the floor did leave the ring's blocks out somewhere

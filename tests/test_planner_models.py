@@ -96,7 +96,7 @@ def test_ring_blocks_are_compiled_once_then_read_from_disk(tmp_path, monkeypatch
     def no_compile(*_a, **_k):
         raise AssertionError("compiled again instead of reading the cache")
 
-    monkeypatch.setattr(layer_memory, "_ring_temp", no_compile)
+    monkeypatch.setattr(layer_memory, "_kernel_temp", no_compile)
     assert layer_memory.ring_blocks(model, 2) == first
 
 
@@ -228,3 +228,49 @@ def test_interleaved_holds_no_more_microbatches_than_there_are():
     many = _plan(data=4, microbatches=4, layers=4, **inter)
     assert memory._in_flight(few) == 2.0
     assert memory._in_flight(many) == pytest.approx(2 * (1 + 1 / 4))
+
+
+def test_ring_self_attention_holds_more_rows_on_a_longer_ring_compiled_once(tmp_path, monkeypatch):
+    """Ring self-attention computes one score block per hop and concatenates them into the rows
+    (autodiff keeps the pieces): beyond XLA's attention it holds about ``p − 1`` rows more at
+    small blocks, compiled at the plan's tokens per device and read from disk after."""
+    monkeypatch.setenv("COLOSSAL_JAX_CACHE", str(tmp_path))
+    model = model_config("gpt2-tiny", **SMALL)
+    layer_memory.rsa_rows.cache_clear()
+    two, four = layer_memory.rsa_rows(model, 32, 2), layer_memory.rsa_rows(model, 32, 4)
+    assert 0.5 < two < four < 6
+    layer_memory.rsa_rows.cache_clear()
+
+    def no_compile(*_a, **_k):
+        raise AssertionError("compiled again instead of reading the cache")
+
+    monkeypatch.setattr(layer_memory, "_kernel_temp", no_compile)
+    assert layer_memory.rsa_rows(model, 32, 4) == four
+    # a ring longer than RSA_MAX_HOPS is scaled from the longest compiled
+    monkeypatch.setattr(layer_memory, "RSA_MAX_HOPS", 4)
+    layer_memory.rsa_rows.cache_clear()
+    assert layer_memory.rsa_rows(model, 32, 8) == pytest.approx(2 * four)
+
+
+def test_ring_self_attention_working_set_adds_its_rows_and_the_floor_leaves_them_out(monkeypatch):
+    plan = _plan(data=2, seq=4, seq_mode="ring-self-attention")
+    monkeypatch.setattr(layer_memory, "rsa_rows", lambda model, seq_len, seq: 0.0)
+    base = memory.working_bytes(plan)
+    monkeypatch.setattr(layer_memory, "rsa_rows", lambda model, seq_len, seq: 2.0)
+    rows = 4 * memory.tokens_per_microbatch(plan) * 4 * 32  # fp32 · tokens · heads · s
+    assert memory.working_bytes(plan) - base == pytest.approx(2 * rows)
+    assert memory.working_bytes(plan, floor=True) == pytest.approx(base)
+    ulysses = _plan(data=2, seq=4, seq_mode="ulysses")  # XLA's attention: nothing added
+    assert memory.working_bytes(ulysses) == pytest.approx(base)
+
+
+def test_a_split_backward_keeps_no_gathered_inputs_to_its_b():
+    """A split F multiplies by the weights' stop_gradient, so a grid's gathered linear inputs,
+    which only the weight gradients need, are not among its residuals (W gathers them again):
+    the 2D ZB-H1 GPT at M = 2 and 4 compiled 14% under a record that held them."""
+    grid = {"pipe": 2, "tensor_row": 2, "tensor_col": 2, "tensor_mode": "2d", "microbatches": 4}
+    fused, split = _plan(pipeline="1f1b", **grid), _plan(pipeline="zb-h1", **grid)
+    assert memory._record_elements(fused) == pytest.approx(memory.kept_elements(fused))
+    without = memory.kept_elements(split) - memory._gathered_inputs(split)
+    assert memory.kept_elements(split, gathered=False) == pytest.approx(without)
+    assert memory._record_elements(split) < memory._record_elements(fused)

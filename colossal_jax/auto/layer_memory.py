@@ -254,10 +254,9 @@ def ring_hops(seq: int) -> int:
 def ring_blocks(model: Any, seq: int) -> float | None:
     """Score blocks (``[b, heads, s_q, s_k]`` of one hop, fp32) that ring attention holds at its
     peak for ``model``'s heads on a ``seq``-way ring, solved from two compiles of the kernel's
-    gradient on a sequence axis of :func:`ring_hops` devices (temporaries ``= blocks·4·b·a·t²
-    + per_token·4·b·t`` at ``t`` tokens a device); None when this process has fewer CPU
-    devices than that (one device is a single hop, which XLA simplifies). Read from the disk
-    cache when it holds it."""
+    gradient on a sequence axis of :func:`ring_hops` devices (:func:`_solve_blocks`); None when
+    this process has fewer CPU devices than that (one device is a single hop, which XLA
+    simplifies). Read from the disk cache when it holds it."""
     import jax
 
     from colossal_jax.auto.cache import Cache
@@ -270,35 +269,98 @@ def ring_blocks(model: Any, seq: int) -> float | None:
         return float(hit["blocks"])
     if len(jax.devices("cpu")) < hops:
         return None
+    blocks = _solve_blocks("ring", model, hops)
+    cache.put(key, {"blocks": blocks}, {"model": repr(model), "kind": "ring", "hops": hops})
+    return blocks
+
+
+RSA_MAX_HOPS = 8
+"""The longest ring :func:`rsa_rows` compiles ring self-attention on; a longer one is scaled
+from it (the kernel holds a score block per hop)."""
+
+
+@functools.lru_cache(maxsize=64)
+def rsa_rows(model: Any, seq_len: int, seq: int) -> float | None:
+    """Score rows (units of ``a·s`` per token on a device, fp32) that ring self-attention
+    (:mod:`colossal_jax.sequence.ring_self_attention`) holds at its peak beyond XLA's reference
+    attention, for ``model``'s heads at sequences of ``seq_len`` tokens on a ``seq``-way ring.
+    The kernel computes its ``seq`` score blocks ``[s/p, s/p]`` apart, concatenates them into
+    the rows, slices the probabilities again for RingAV, and autodiff keeps the pieces and the
+    received key and value blocks; how many XLA holds at once depends on the block size (the
+    4-layer GPT's heads at 32 tokens a device: 10.0 rows on 8 devices, 6.0 on 4; at 128: 4.5
+    on either), so the kernel is compiled at the plan's own tokens per device. Per sequence:
+    the compiled temporaries of its gradient at batch 2 less batch 1, on ``seq`` devices (at
+    most :data:`RSA_MAX_HOPS`, scaled by ``seq / RSA_MAX_HOPS`` beyond), less the reference
+    attention's on one device over the whole sequence, shared by the ``seq`` devices; None
+    when this process has fewer CPU devices than the ring. Read from the disk cache when it
+    holds it."""
+    import jax
+
+    from colossal_jax.auto.cache import Cache
+
+    hops = min(seq, RSA_MAX_HOPS)
+    t = seq_len // seq
+    key = _key(model, seq_len, f"rsa/{hops}")
+    cache = Cache("layer")
+    hit = cache.get(key)
+    if hit is None:
+        if len(jax.devices("cpu")) < hops or t < 1:
+            return None
+        a = model.n_head
+        heads = (a, getattr(model, "n_kv_head", None) or a, model.n_embd // a)
+
+        def per_sequence(kernel: str, ring: int, tokens: int) -> float:
+            two, one = (_kernel_temp(kernel, b, tokens, heads, ring) for b in (2, 1))
+            return two - one
+
+        rsa = per_sequence("rsa", hops, seq_len // hops)
+        ref = per_sequence("reference", 1, seq_len) / hops
+        rows = (rsa - ref) / (4.0 * (seq_len / hops) * a * seq_len)
+        hit = {"rows": rows}
+        cache.put(key, hit, {"model": repr(model), "kind": "rsa", "hops": hops})
+    return max(0.0, hit["rows"]) * max(1.0, seq / RSA_MAX_HOPS)
+
+
+def _solve_blocks(kernel: str, model: Any, hops: int) -> float:
+    """Score blocks ``[b, heads, t, t]`` (fp32) that ``kernel``'s gradient holds at its peak,
+    ``t`` tokens on each of ``hops`` devices: its compiled temporaries at the two
+    :data:`RING_SHAPES` (the same tokens, blocks differing twofold) solved for
+    ``blocks·4·b·a·t² + per_token·4·b·t``."""
     a = model.n_head
     kv = getattr(model, "n_kv_head", None) or a
     d = model.n_embd // a
     rows, temps = [], []
     for b, t in RING_SHAPES:
-        temps.append(_ring_temp(b, t, a, kv, d, hops))
+        temps.append(_kernel_temp(kernel, b, t, (a, kv, d), hops))
         rows.append((4.0 * b * a * t * t, 4.0 * b * t))
     (b1, n1), (b2, n2) = rows
     det = b1 * n2 - b2 * n1
-    blocks = (temps[0] * n2 - temps[1] * n1) / det
-    cache.put(key, {"blocks": blocks}, {"model": repr(model), "kind": "ring", "hops": hops})
-    return blocks
+    return (temps[0] * n2 - temps[1] * n1) / det
 
 
-def _ring_temp(b: int, t: int, a: int, kv: int, d: int, hops: int) -> float:
-    """Compiled temporary bytes of ring attention's gradient, ``t`` tokens on each of ``hops``
-    CPU devices."""
+def _kernel_temp(kernel: str, b: int, t: int, heads: tuple[int, int, int], hops: int) -> float:
+    """Compiled temporary bytes of an attention kernel's gradient (``ring``: ring attention;
+    ``rsa``: ring self-attention; ``reference``: XLA's reference attention), ``t`` tokens on
+    each of ``hops`` CPU devices; ``heads``: query heads, key/value heads, head size."""
     import jax
     import jax.numpy as jnp
     import numpy as np
     from jax.sharding import Mesh
     from jax.sharding import PartitionSpec as P
 
+    from colossal_jax.sequence.local import dot_product_attention
     from colossal_jax.sequence.ring import ring_attention
+    from colossal_jax.sequence.ring_self_attention import ring_self_attention
 
+    a, kv, d = heads
     mesh = Mesh(np.array(jax.devices("cpu")[:hops]), ("seq",))
 
     def body(q, k, v, pos):
-        out = ring_attention(q, k, v, pos, pos, axis_name="seq")
+        if kernel == "reference":
+            out = dot_product_attention(q, k, v, pos, pos)
+        else:
+            fn = ring_attention if kernel == "ring" else ring_self_attention
+            out = fn(q, k, v, pos, pos, axis_name="seq")
         return jax.lax.psum(jnp.sum(out * out), "seq")
 
     def loss(q, k, v, pos):

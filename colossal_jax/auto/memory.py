@@ -28,6 +28,7 @@ from colossal_jax.auto.per_device import (
     params_per_device,
     rest_params_per_device,
     ring_attention,
+    ring_self_attention,
     stored_params_per_device,
     tokens_per_microbatch,
 )
@@ -137,26 +138,31 @@ def _gathered_inputs(plan: Plan) -> float:
     return (3 * h + w) * (par.tensor_row - 1) / par.tensor_size
 
 
-def kept_elements(plan: Plan, remat: str | None = None) -> float:
+def kept_elements(plan: Plan, remat: str | None = None, *, gathered: bool = True) -> float:
     """Elements per token and layer the remat policy keeps on one device: the family's own
-    residuals (:func:`colossal_jax.auto.layer_memory.kept`), split as :func:`_split_elements`;
+    residuals (:func:`colossal_jax.auto.layer_memory.kept`), split as :func:`_split_elements`,
+    and under ``none`` a grid's gathered linear inputs (``gathered``; :func:`_gathered_inputs`);
     ``offload`` keeps nothing on the device."""
     remat = remat or plan.remat
     if remat == "offload":
         return 0.0
     k = layer_memory.kept(plan.model, remat)
     share = _whole_share(plan, remat)
-    gathered = _gathered_inputs(plan) if remat == "none" else 0.0
-    return _split_elements(plan, k.other, k.scores, h_share=share) + gathered
+    extra = _gathered_inputs(plan) if remat == "none" and gathered else 0.0
+    return _split_elements(plan, k.other, k.scores, h_share=share) + extra
 
 
 def _record_elements(plan: Plan) -> float:
     """Elements per token and layer a microbatch keeps on a stage between its forward and its
     backward: the remat policy's (:func:`kept_elements`); with a split backward (ZB-H1, ZB-V)
-    the larger of those and what the record holds after the B (:data:`SPLIT_RECORD`)."""
-    kept = kept_elements(plan)
+    the larger of those, less a grid's gathered linear inputs, and what the record holds after
+    the B (:data:`SPLIT_RECORD`). A split F runs the linears on the weights' ``stop_gradient``
+    (:mod:`colossal_jax.layers.linear_tape`), so its residuals leave out what only the weight
+    gradients need, the gathered inputs; W gathers them again from the record's local inputs
+    (the 2D ZB-H1 GPT at M = 2 and 4 compiles 14% under the fused backward's residuals)."""
     if not (plan.config.parallel.pipelined and pipeline_schedule(plan.pipeline).split_backward):
-        return kept
+        return kept_elements(plan)
+    kept = kept_elements(plan, gathered=False)
     _, h, _, w, _ = dims(plan)
     nh, ni, ns = SPLIT_RECORD
     record = _split_elements(
@@ -170,15 +176,20 @@ def working_bytes(plan: Plan, *, floor: bool = False) -> float:
     set under ``remat=none`` (:func:`colossal_jax.auto.layer_memory.working`: per token, its
     scores split like the kept ones, and one layer's weight gradient split by the tensor mode;
     under ring attention the ring kernel's own score blocks,
-    :func:`colossal_jax.auto.layer_memory.ring_blocks`),
+    :func:`colossal_jax.auto.layer_memory.ring_blocks`; under ring self-attention the rows its
+    kernel holds beyond XLA's attention, :func:`colossal_jax.auto.layer_memory.rsa_rows`),
     the grid's gathered linear inputs, and under a policy that recomputes, the intermediates it
     recomputes (what ``none`` keeps beyond what the policy does). ``floor``: the ring kernel's
-    blocks taken as none, which compiles no ring and can only be less (:func:`memory_bytes`)."""
+    blocks (and ring self-attention's extra rows) taken as none, which compiles no ring and can
+    only be less (:func:`memory_bytes`)."""
     w = layer_memory.working(plan.model, plan.config.seq_len)
     scores = w.scores
     if ring_attention(plan):  # the ring's own kernel, not XLA's attention, holds the blocks
         blocks = 0.0 if floor else layer_memory.ring_blocks(plan.model, plan.config.parallel.seq)
         scores = scores if blocks is None else blocks
+    elif ring_self_attention(plan) and not floor:  # its score blocks apart, then concatenated
+        extra = layer_memory.rsa_rows(plan.model, plan.config.seq_len, plan.config.parallel.seq)
+        scores += extra or 0.0
     share = _whole_share(plan, "none")
     per_token = _split_elements(plan, w.other, scores, h_share=share, kept=False)
     per_token += _gathered_inputs(plan)
@@ -304,6 +315,12 @@ def memory_bytes(plan: Plan, *, floor: bool = False) -> float:
     grows with them): the planner prices a plan only when its floor fits, and finds the least
     memory of a request nothing fits by pricing plans in order of their floors."""
     return weighted(memory_terms(plan, floor=floor))
+
+
+def floor_is_exact(plan: Plan) -> bool:
+    """Whether :func:`memory_bytes` with ``floor`` is the prediction itself: no ring kernel's
+    compiled blocks (ring attention, ring self-attention) are left out of it."""
+    return not (ring_attention(plan) or ring_self_attention(plan))
 
 
 def weighted(terms: dict[str, float]) -> float:

@@ -75,6 +75,11 @@ def ring_attention(plan: Plan) -> bool:
     return plan.config.parallel.seq > 1 and plan.seq_mode == "ring"
 
 
+def ring_self_attention(plan: Plan) -> bool:
+    """Whether the plan's attention runs ring self-attention (a ``seq`` split in that mode)."""
+    return plan.config.parallel.seq > 1 and plan.seq_mode == "ring-self-attention"
+
+
 def act_split(plan: Plan) -> int:
     """How many pieces the tensor mode cuts a ``[tokens, h]`` activation into (1D keeps it
     whole on every device; the grids cut rows and columns)."""

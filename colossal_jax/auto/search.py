@@ -12,7 +12,7 @@ next layout with the best found so far (:attr:`SearchResult.stopped_early`; it s
 until one plan fits).
 
 A combination is priced only when its memory floor (:func:`~colossal_jax.auto.memory.
-memory_bytes` with ``floor``: no ring-attention compile, never more than the prediction) fits
+memory_bytes` with ``floor``: no ring kernel compiled, never more than the prediction) fits
 the budget. When nothing fits, the least memory any plan needs (the impossible request's
 answer, :func:`impossible`) is found by branch and bound: combinations in order of their
 floors, each priced until the next floor is no less than the least memory found. The memory
@@ -31,7 +31,6 @@ from typing import Any
 from colossal_jax.auto import cost, memory, space
 from colossal_jax.auto.cost import Prediction
 from colossal_jax.auto.hardware import Hardware
-from colossal_jax.auto.per_device import ring_attention
 from colossal_jax.auto.space import Knobs
 from colossal_jax.checks.resolve import resolve
 from colossal_jax.config.errors import ConfigError
@@ -124,8 +123,8 @@ def best_knobs(
         variants.append((floor, k, variant))
         if floor > budget:
             continue
-        # without ring attention the floor is the prediction's own memory
-        pred = cost.predict(variant, hw, None if ring_attention(variant) else terms)
+        # without a ring kernel the floor is the prediction's own memory
+        pred = cost.predict(variant, hw, terms if memory.floor_is_exact(variant) else None)
         if pred.memory_bytes <= budget:
             fitting.append((pred, k))
     fitting.sort(key=lambda c: c[0].step_s)
