@@ -209,12 +209,14 @@ def main(argv: list[str] | None = None) -> int:
         if args.verify < 0:
             raise ConfigError(f"--verify {args.verify} must be 0 or more (e.g. --verify 2)")
         budget = hw.memory_bytes if args.memory_gb is not None else budget_of(hw, n)
-        # before the search starts JAX (it compiles a layer's working set, and ring attention's
-        # on sequence axes of 2 and 4 devices): n devices to verify on, else 4 (or more already
-        # asked for: a process that goes on to train keeps its count)
+        # before the search starts JAX (it compiles a layer's working set, ring attention's on
+        # sequence axes of 2 and 4 devices, ring self-attention's on up to 8): n devices to
+        # verify on, else 8 (or more already asked for: a process that goes on to train keeps
+        # its count)
+        from colossal_jax.auto.layer_memory import RSA_MAX_HOPS
         from colossal_jax.runtime.devices import simulate_cpu_devices
 
-        simulate_cpu_devices(max(4, n) if args.verify else 4, at_least=True)
+        simulate_cpu_devices(max(RSA_MAX_HOPS, n) if args.verify else RSA_MAX_HOPS, at_least=True)
         _, result = plan_for(cfg, n, hw, budget, time_budget=args.time_budget)
         checks = verify(result, args.verify, n, budget) if args.verify else []
     except ConfigError as e:

@@ -26,6 +26,9 @@ CPU device (the working set of one layer's backward). The memory model
   more live blocks than a longer one's; 4 and 8 devices give the same count): 4.0 / 2.52
   blocks for the GPT, 7.0 / 5.0 for llama-tiny (whose 16 query heads share 8 key/value heads),
   where XLA's reference attention holds 2.5 and 4.5. Kept on disk beside the working set.
+- **Ring self-attention's rows** (:func:`rsa_rows`): the score rows ring self-attention holds
+  beyond XLA's reference attention, from compiles of the two kernels alone at the plan's
+  sequence length and ring (up to 8 devices), kept on disk beside the working set.
 """
 
 from __future__ import annotations
@@ -275,8 +278,9 @@ def ring_blocks(model: Any, seq: int) -> float | None:
 
 
 RSA_MAX_HOPS = 8
-"""The longest ring :func:`rsa_rows` compiles ring self-attention on; a longer one is scaled
-from it (the kernel holds a score block per hop)."""
+"""The longest ring :func:`rsa_rows` compiles ring self-attention on; a longer one (or one
+longer than this process has CPU devices) is scaled from it (the kernel holds a score block
+per hop)."""
 
 
 @functools.lru_cache(maxsize=64)
@@ -287,25 +291,24 @@ def rsa_rows(model: Any, seq_len: int, seq: int) -> float | None:
     The kernel computes its ``seq`` score blocks ``[s/p, s/p]`` apart, concatenates them into
     the rows, slices the probabilities again for RingAV, and autodiff keeps the pieces and the
     received key and value blocks; how many XLA holds at once depends on the block size (the
-    4-layer GPT's heads at 32 tokens a device: 10.0 rows on 8 devices, 6.0 on 4; at 128: 4.5
-    on either), so the kernel is compiled at the plan's own tokens per device. Per sequence:
-    the compiled temporaries of its gradient at batch 2 less batch 1, on ``seq`` devices (at
-    most :data:`RSA_MAX_HOPS`, scaled by ``seq / RSA_MAX_HOPS`` beyond), less the reference
-    attention's on one device over the whole sequence, shared by the ``seq`` devices; None
-    when this process has fewer CPU devices than the ring. Read from the disk cache when it
-    holds it."""
+    4-layer GPT's heads, solved at 16–32 tokens a device: 10.0 rows on 8 devices; at 64–128:
+    4.0), so the kernel is compiled at the plan's sequence length. Per sequence: the compiled
+    temporaries of its gradient at batch 2 less batch 1 on a ring of ``hops`` devices, the
+    least of ``seq``, :data:`RSA_MAX_HOPS` and this process's CPU devices (a longer ring scaled
+    by ``seq / hops``), less the reference attention's over the whole sequence on one device,
+    shared by the ring; None with a single CPU device. Read from the disk cache when it holds
+    it."""
     import jax
 
     from colossal_jax.auto.cache import Cache
 
-    hops = min(seq, RSA_MAX_HOPS)
-    t = seq_len // seq
+    hops = min(seq, RSA_MAX_HOPS, len(jax.devices("cpu")))
+    if hops < 2 or seq_len // hops < 1:
+        return None
     key = _key(model, seq_len, f"rsa/{hops}")
     cache = Cache("layer")
     hit = cache.get(key)
     if hit is None:
-        if len(jax.devices("cpu")) < hops or t < 1:
-            return None
         a = model.n_head
         heads = (a, getattr(model, "n_kv_head", None) or a, model.n_embd // a)
 
@@ -318,7 +321,7 @@ def rsa_rows(model: Any, seq_len: int, seq: int) -> float | None:
         rows = (rsa - ref) / (4.0 * (seq_len / hops) * a * seq_len)
         hit = {"rows": rows}
         cache.put(key, hit, {"model": repr(model), "kind": "rsa", "hops": hops})
-    return max(0.0, hit["rows"]) * max(1.0, seq / RSA_MAX_HOPS)
+    return max(0.0, hit["rows"]) * seq / hops
 
 
 def _solve_blocks(kernel: str, model: Any, hops: int) -> float:
