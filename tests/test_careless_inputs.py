@@ -90,6 +90,7 @@ CASES = [
     case(["--profile-dir", "{dir}", "--steps", "10", "--profile-steps", "9:30"], "9:30", "3:5"),
     case(["--profile-dir", "{file}"], "{file}", "name a new or existing directory"),
     case(["--offload", "params"], "--offload params", "--zero 3"),
+    case(["--mesh", "data=4,pipe=2", "--remat", "offload"], "--remat offload", "--remat full"),
     case(["--grad-accum", "0"], "--grad-accum 0", "--grad-accum 4"),
     case(["--grad-accum", "3", "--batch-size", "16"], "--grad-accum 3", "--batch-size"),
     case(["--precision", "fp8"], "--precision", "fp16"),

@@ -296,6 +296,8 @@ REFUSALS = {  # name: (fields of _base, with {files.x} for paths; a fragment of 
     "grad-accum": ({"grad_accum": 0}, "--grad-accum 0"),
     "device-batch": ({"device_batch": 0}, "--device-batch 0"),
     "offload-params": ({"offload": "params"}, "add --zero 3"),
+    "remat-offload-pipeline": ({"remat": "offload", "parallel": {"data": 4, "pipe": 2}},
+                               "--remat full"),
     "attention": ({"attention": "flash"}, "--attention 'flash'"),
     "cudnn-ring": ({"attention": "cudnn", "parallel": {"data": 4, "seq": 2, "seq_mode": "ring"}},
                    "--attention cudnn cannot run"),

@@ -25,9 +25,10 @@ Pruning (each rule says why it loses nothing worth having):
   (the rule Megatron-LM and the Colossal-AI paper follow);
 - microbatches only in the doublings above, virtual stages 2 and 4 (the bubble halves per
   doubling; finer steps change the step time by less than the model's error);
-- remat ``offload`` is not searched with a pipeline: the pipeline executor's tick buffer and the
-  host-memory residuals meet in one ``dynamic_update_slice`` that JAX 0.10.2 refuses
-  ("memory_space of all inputs ... must be the same"), so such a plan does not compile;
+- remat ``offload`` is not searched with a pipeline: the tick's branches write the residuals
+  into the record buffers in device memory and the offloaded ones are in host memory (the
+  branches' types differ; JAX 0.10.2), so such a plan does not compile, and ``resolve``
+  refuses it (``--remat offload`` with ``--pipe`` > 1);
 - ``--collective-matmul`` stays off (same bytes; on CPU it measured no faster,
   docs/performance.md);
 - with a pipeline, accumulation runs as ``M·accum`` microbatches through the schedule, the same

@@ -117,6 +117,14 @@ def check_memory_modes(cfg: TrainConfig) -> None:
             "per microbatch; e.g. --device-batch 2), or omit it"
         )
     par = cfg.parallel
+    if cfg.remat == "offload" and par.pipe > 1:
+        # the tick's switch writes the residuals into the record buffers in device memory;
+        # the offloaded ones are in host memory, and the branches' types then differ
+        raise ConfigError(
+            f"--remat offload keeps each layer's residuals in host memory, which a pipeline's "
+            f"record buffers (--pipe {par.pipe}) cannot hold; use --remat full (the least "
+            "device memory under a pipeline) or no pipeline"
+        )
     if cfg.offload == "params" and par.zero != 3:
         raise ConfigError(
             f"--offload params keeps ZeRO-3's parameter shards in host memory, but --zero is "
