@@ -150,7 +150,8 @@ def verify(result: SearchResult, k: int, n: int, budget: float) -> list[str]:
     dropped and the next one compiled; those kept carry their compiled memory. A plan whose
     prediction *as the CPU compiles it* (:func:`_on_cpu`: XLA's attention, which keeps the
     scores a GPU's flash attention does not) is over the budget is skipped without compiling:
-    its CPU compile could not confirm it. Reports predicted against compiled memory."""
+    its CPU compile could not confirm it. Reports the compiled memory against the prediction
+    as the CPU compiles the plan (and the GPU's beside it)."""
     from colossal_jax.auto.measure import compile_cached
 
     lines, kept, tried, skipped, over = [], [], 0, [], []
@@ -166,11 +167,13 @@ def verify(result: SearchResult, k: int, n: int, budget: float) -> list[str]:
         tried += 1
         compiled, _ = compile_cached(r.plan)
         pred = r.prediction.memory_bytes
-        err = (pred - compiled.peak_bytes) / compiled.peak_bytes
+        err = (on_cpu - compiled.peak_bytes) / compiled.peak_bytes
         fits = compiled.peak_bytes <= budget
+        gpu = "" if on_cpu == pred else f"; on the GPU {pred / GB:.3f}"
         lines.append(
             f"compiled {r.name}: {compiled.peak_bytes / GB:.3f} GB per device (predicted "
-            f"{pred / GB:.3f}, {err:+.0%}), compile {compiled.compile_s:.1f}s"
+            f"{on_cpu / GB:.3f} as the CPU compiles it, {err:+.0%}{gpu}), compile "
+            f"{compiled.compile_s:.1f}s"
             + ("" if fits else f"; over the budget {budget / GB:.2f} GB, dropped")
         )
         if not fits:
