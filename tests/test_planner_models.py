@@ -22,12 +22,21 @@ from colossal_jax.pipeline.schedule import build
 SMALL = {"n_layer": 2, "n_embd": 64, "n_head": 4}
 
 
-def _plan(platform: str = "cpu", remat: str = "none", layers: int = 2, **par) -> object:
+def _plan(
+    platform: str = "cpu",
+    remat: str = "none",
+    layers: int = 2,
+    model: dict | None = None,
+    seq_len: int = 32,
+    **par,
+) -> object:
+    """A plan of the GPT (``SMALL`` with ``layers`` layers, or ``model``'s overrides) at batch
+    16 × ``seq_len`` on 8 devices of ``platform``."""
     cfg = TrainConfig(
         model="gpt2-tiny",
-        model_overrides={**SMALL, "n_layer": layers},
+        model_overrides=model if model is not None else {**SMALL, "n_layer": layers},
         batch_size=16,
-        seq_len=32,
+        seq_len=seq_len,
         devices=8,
         precision="fp32",
         remat=remat,
@@ -319,16 +328,6 @@ def test_remat_memory_is_within_10_percent_of_the_compiled_peak(par, remat):
     devices, the 256-wide GPT at batch 16 × seq 256 (until 2026-11-28 the first was 16% over)."""
     from colossal_jax.auto import measure
 
-    cfg = TrainConfig(
-        model="gpt2-tiny",
-        model_overrides={"n_layer": 8, "n_embd": 256},
-        batch_size=16,
-        seq_len=256,
-        devices=8,
-        precision="fp32",
-        remat=remat,
-        parallel=ParallelConfig(**par),
-    )
-    plan = resolve(cfg, 8)
+    plan = _plan(remat=remat, model={"n_layer": 8, "n_embd": 256}, seq_len=256, **par)
     compiled = measure.compile_plan(plan).peak_bytes
     assert memory.memory_bytes(plan) == pytest.approx(compiled, rel=0.10)
