@@ -169,7 +169,7 @@ def verify(result: SearchResult, k: int, n: int, budget: float) -> list[str]:
         pred = r.prediction.memory_bytes
         err = (on_cpu - compiled.peak_bytes) / compiled.peak_bytes
         fits = compiled.peak_bytes <= budget
-        gpu = "" if on_cpu == pred else f"; on the GPU {pred / GB:.3f}"
+        gpu = "" if r.plan.devices.platform == "cpu" else f"; on the GPU {pred / GB:.3f}"
         lines.append(
             f"compiled {r.name}: {compiled.peak_bytes / GB:.3f} GB per device (predicted "
             f"{on_cpu / GB:.3f} as the CPU compiles it, {err:+.0%}{gpu}), compile "
