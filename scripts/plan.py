@@ -33,8 +33,9 @@ from colossal_jax.auto import hardware, memory
 from colossal_jax.auto.choose import budget_of, preset_text, summary
 from colossal_jax.auto.hardware import DEVICES
 from colossal_jax.auto.search import GB, Ranked, SearchResult, plan_for, why_lost
-from colossal_jax.config import ConfigError, TrainConfig, coerce, field_types
-from colossal_jax.config.families import MODELS, family_of
+from colossal_jax.cli.configure import model_overrides
+from colossal_jax.config import ConfigError, TrainConfig
+from colossal_jax.config.families import MODELS
 
 
 def parse(argv: list[str] | None) -> argparse.Namespace:
@@ -44,8 +45,8 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
         "--set",
         action="append",
         default=[],
-        metavar="model.FIELD=VALUE",
-        help="override a model field, e.g. --set model.n_layer=4",
+        metavar="[model.]FIELD=VALUE",
+        help="override a model field, e.g. --set n_layer=4 (or --set model.n_layer=4)",
     )
     p.add_argument("--devices", type=int, default=8, help="devices to plan for (default 8)")
     p.add_argument(
@@ -96,17 +97,7 @@ def config_of(args: argparse.Namespace) -> TrainConfig:
     """The run to plan: the model's training defaults, the batch, sequence and precision."""
     if args.model not in MODELS:
         raise ConfigError(f"--model {args.model!r} is unknown; choose one of {', '.join(MODELS)}")
-    overrides = {}
-    types = field_types(family_of(args.model).config_class)
-    for item in args.set:
-        key, _, value = item.partition("=")
-        name = key.removeprefix("model.")
-        if not key.startswith("model.") or name not in types or not value:
-            raise ConfigError(
-                f"--set {item!r}: give model.FIELD=VALUE, FIELD one of {', '.join(types)}"
-            )
-        overrides[name] = coerce(value, types[name])
-    fields: dict = {"model_overrides": overrides}
+    fields: dict = {"model_overrides": model_overrides(args.model, args.set)}
     if args.batch_size is not None:
         fields["batch_size"] = args.batch_size
     if args.seq_len is not None:
@@ -201,6 +192,21 @@ def verify(result: SearchResult, k: int, n: int, budget: float) -> list[str]:
     return lines
 
 
+def writable(path: str) -> Path:
+    """``--out``'s path, its folder made: checked before the search, so that a path that
+    cannot be written ends in one line at once rather than after the search."""
+    out = Path(path)
+    if out.is_dir():
+        raise ConfigError(f"--out {path} is a folder; give a file (e.g. --out {out / 'plan.toml'})")
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise ConfigError(f"--out {path}: cannot make {out.parent} ({e.strerror or e})") from None
+    if not os.access(out.parent, os.W_OK):
+        raise ConfigError(f"--out {path}: {out.parent} is not writable (e.g. --out /tmp/plan.toml)")
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse(argv)
     try:
@@ -211,6 +217,9 @@ def main(argv: list[str] | None = None) -> int:
             raise ConfigError(f"--devices {n} must be at least 1 (e.g. --devices 8)")
         if args.verify < 0:
             raise ConfigError(f"--verify {args.verify} must be 0 or more (e.g. --verify 2)")
+        if args.top < 1:
+            raise ConfigError(f"--top {args.top} must be at least 1 (e.g. --top 10)")
+        out = writable(args.out) if args.out else None
         budget = hw.memory_bytes if args.memory_gb is not None else budget_of(hw, n)
         # before the search starts JAX (it compiles a layer's working set, ring attention's on
         # sequence axes of 2 and 4 devices, ring self-attention's on up to 8): n devices to
@@ -230,14 +239,18 @@ def main(argv: list[str] | None = None) -> int:
         f"{hw.name} ({budget / GB:.2f} GB per device)"
     )
     print("\n".join(table(result, hw, n, args.top) + checks + summary(result, hw)))
-    if args.out:
+    if out is not None:
         header = (
             f"planned by scripts/plan.py for --model {cfg.model} --batch-size {cfg.batch_size} "
             f"--seq-len {cfg.seq_len} on {n} {hw.name}\n"
             f"predicted {result.best.prediction.step_s * 1e3:.1f} ms per step, "
             f"{result.best.prediction.memory_bytes / GB:.2f} GB per device"
         )
-        Path(args.out).write_text(preset_text(result.best, header))
+        try:
+            out.write_text(preset_text(result.best, header))
+        except OSError as e:
+            print(f"error: --out {args.out}: {e.strerror or e}", file=sys.stderr)
+            return 2
         print(f"wrote {args.out}")
     return 0
 

@@ -107,23 +107,29 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
-def _value(text: str):
-    for cast in (int, float):
-        try:
-            return cast(text)
-        except ValueError:
-            pass
-    return {"true": True, "false": False}.get(text.lower(), text)
-
-
-def overrides(pairs: list[str]) -> dict:
-    out = {}
-    for pair in pairs:
-        key, sep, value = pair.partition("=")
-        if not sep or not key:
-            raise ValueError(f"--set {pair!r} is not FIELD=VALUE (e.g. --set n_layer=4)")
-        out[key.removeprefix("model.")] = _value(value)
-    return out
+def read_sweep(path: Path) -> dict:
+    """The JSON of a sweep ``--from-json`` names (``scripts/sweep_meshes.py --json``); a file
+    that is missing, not JSON, or not a sweep's raises ``ValueError`` naming the flag."""
+    try:
+        doc = json.loads(path.read_text())
+    except OSError as e:
+        raise ValueError(f"--from-json {path}: {e.strerror or e}") from None
+    except json.JSONDecodeError as e:
+        raise ValueError(f"--from-json {path} is not JSON ({e.msg}, line {e.lineno})") from None
+    if not isinstance(doc, dict) or not isinstance(doc.get("rows"), list):
+        raise ValueError(
+            f"--from-json {path} is not a sweep's JSON (no 'rows' list); give a file "
+            "scripts/sweep_meshes.py --json wrote"
+        )
+    need = ("name", "chosen", "parallel", "knobs", "compiled", "measured_step_s", "error")
+    for i, row in enumerate(doc["rows"]):
+        missing = [k for k in need if not isinstance(row, dict) or k not in row]
+        if missing:
+            raise ValueError(
+                f"--from-json {path}: row {i} lacks {', '.join(missing)}; give a file "
+                "scripts/sweep_meshes.py --json wrote"
+            )
+    return doc
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -145,13 +151,14 @@ def main(argv: list[str] | None = None) -> int:
     from colossal_jax.auto import sweep, sweep_report
     from colossal_jax.auto.choose import budget_of
     from colossal_jax.auto.hardware import hardware
+    from colossal_jax.cli.configure import model_overrides
     from colossal_jax.config import ConfigError, TrainConfig
 
     t0 = time.perf_counter()
     try:
         cfg = TrainConfig(
             model=args.model,
-            model_overrides=overrides(args.set),
+            model_overrides=model_overrides(args.model, args.set),
             batch_size=args.batch_size,
             seq_len=args.seq_len,
             devices=args.devices,
@@ -159,7 +166,7 @@ def main(argv: list[str] | None = None) -> int:
         )
         hw = hardware(args.device, args.memory_gb)
         if args.from_json:
-            rows = sweep.rows_from_json(json.loads(args.from_json.read_text()), cfg, hw)
+            rows = sweep.rows_from_json(read_sweep(args.from_json), cfg, hw)
         else:
             rows = sweep.plans(
                 cfg,

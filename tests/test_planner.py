@@ -25,11 +25,15 @@ from colossal_jax.config import ConfigError, ParallelConfig, TrainConfig, parse_
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def _plan_script():
-    spec = importlib.util.spec_from_file_location("plan_script", ROOT / "scripts" / "plan.py")
+def _script(name: str):
+    spec = importlib.util.spec_from_file_location(name, ROOT / "scripts" / f"{name}.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
+
+
+def _plan_script():
+    return _script("plan")
 
 
 def _cfg(**fields) -> TrainConfig:
@@ -188,6 +192,49 @@ def test_branch_and_bound_prices_in_floor_order_until_a_floor_reaches_the_least(
     assert best is not None and best.plan == "b" and best.prediction == 2.5
     assert priced == ["a", "b"]  # c's floor 2.5 is no less than b's 2.5: not priced
     assert search_mod.lightest([], hardware.hardware("cpu")) is None
+
+
+def test_rules_refusing_every_layout_are_named_one_per_flag():
+    hw = hardware.hardware("cpu")
+    cfg = _cfg(precision="fp32", model_overrides={"n_layer": 2})
+    result = search(cfg, 3, hw, 1e12)
+    assert not result.ranked and result.smallest is None
+    line = impossible(cfg, 3, hw, 1e12, result)
+    assert line.startswith("no valid plan for --model gpt2-tiny")
+    # each kind of rule once (batch shards, pipeline chunks, heads, the sequence), not the
+    # first two layouts' variants of one
+    for subject in ("--batch-size 8", "n_layer=2", "heads divisible by 3", "--seq-len 64"):
+        assert line.count(subject) == 1, (subject, line)
+
+
+CARELESS = [
+    ("plan", ["--set", "n_layer=x"], "--set n_layer=x: 'x' is not a valid int"),
+    ("plan", ["--set", "model.nlayer=3"], "did you mean 'n_layer'"),
+    ("plan", ["--set", "n_layer"], "is not FIELD=VALUE"),
+    ("plan", ["--top", "0"], "--top 0 must be at least 1"),
+    ("plan", ["--out", "{tmp}"], "is a folder; give a file"),
+    ("sweep_meshes", ["--set", "n_layer=x"], "--set n_layer=x: 'x' is not a valid int"),
+    ("sweep_meshes", ["--set", "foo=3"], "model has no field 'foo'"),
+    ("sweep_meshes", ["--from-json", "{tmp}/none.json"], "none.json: No such file"),
+    ("sweep_meshes", ["--from-json", "{text}"], "is not JSON"),
+    ("sweep_meshes", ["--from-json", "{list}"], "is not a sweep's JSON"),
+    ("sweep_meshes", ["--from-json", "{rowless}"], "row 0 lacks chosen"),
+]
+
+
+@pytest.mark.parametrize(("script", "argv", "message"), CARELESS, ids=lambda x: str(x))
+def test_planner_scripts_answer_careless_inputs_in_one_line(
+    script, argv, message, tmp_path, capsys
+):
+    files = {"tmp": tmp_path, "text": tmp_path / "a.txt", "list": tmp_path / "l.json"}
+    files["text"].write_text("not json")
+    files["list"].write_text("[1]")
+    files["rowless"] = tmp_path / "r.json"
+    files["rowless"].write_text('{"rows": [{"name": "data=8"}]}')
+    argv = [a.format(**files) for a in argv]
+    assert _script(script).main(["--devices", "8", *argv]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error: ") and message in err[0], err
 
 
 def test_written_preset_trains_unchanged(tmp_path, capsys):

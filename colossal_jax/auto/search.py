@@ -98,9 +98,19 @@ def _copy(obj: Any, **changes: Any) -> Any:
 
 
 def _reason(e: ConfigError) -> str:
-    """A rejection's kind: the error's words up to the first figure-free clause."""
-    text = str(e)
-    return text.split(";")[0][:80]
+    """A rejection's kind: the error's first clause (to ``;``), at most 100 characters."""
+    text = str(e).split(";")[0]
+    return text if len(text) <= 100 else text[:99] + "…"
+
+
+def _one_per_subject(reasons: list[str], most: int = 5) -> list[str]:
+    """The first reason of each subject (its first word: the flag or field it names, e.g.
+    ``--seq-len``, ``n_layer=2``), in order, at most ``most``: one line that names every kind
+    of rule a request breaks rather than the first two layouts' variants of one."""
+    seen: dict[str, str] = {}
+    for r in reasons:
+        seen.setdefault(r.split(" ", 1)[0], r)
+    return list(seen.values())[:most]
 
 
 Variant = tuple[float, Knobs, Plan]
@@ -229,7 +239,7 @@ def impossible(cfg: TrainConfig, n: int, hw: Hardware, budget: float, result: Se
     and the plan that would."""
     what = f"--model {cfg.model} (batch {cfg.batch_size} × seq {cfg.seq_len}) on {n} {hw.name}"
     if result.smallest is None:
-        reasons = "; ".join(list(result.rejected)[:2]) or "no layout"
+        reasons = "; ".join(_one_per_subject(list(result.rejected))) or "no layout"
         return f"no valid plan for {what}: the rules refuse every layout ({reasons})"
     need = result.smallest.prediction.memory_bytes
     return (

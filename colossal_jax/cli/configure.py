@@ -191,6 +191,28 @@ def _apply_sets(
     return dataclasses.replace(cfg, model_overrides=model_over)
 
 
+def model_overrides(model: str, sets: list[str]) -> dict[str, Any]:
+    """``--set [model.]FIELD=VALUE`` items of the planner's scripts (``scripts/plan.py``,
+    ``scripts/sweep_meshes.py``), which reach the model's fields only: ``{FIELD: value}``, each
+    field checked and its value coerced with the messages ``train.py``'s ``--set model.FIELD``
+    gives (a ConfigError naming the item and a valid one)."""
+    _check_model_name(model)
+    types = field_types(family_of(model).config_class)
+    out: dict[str, Any] = {}
+    for item in sets:
+        key, sep, value = (s.strip() for s in item.partition("="))
+        name = key.removeprefix("model.")
+        if not sep or not name or not value:
+            raise ConfigError(f"--set {item!r} is not FIELD=VALUE (e.g. --set n_layer=4)")
+        if name not in types:
+            raise ConfigError(
+                f"--set {key}: model has no field {name!r}; "
+                f"{suggest(name, types, suffix=' ')}fields: {', '.join(types)}"
+            )
+        out[name] = _coerce(key, value, types[name], getattr(MODELS[model], name))
+    return out
+
+
 def _check_agrees(flag: ConfigFlag | None, now: Any, key: str, value: str, new: Any) -> None:
     """A ``--set key=value`` (read as ``new``) of a field whose ``flag`` the command line gave
     (None: not given) must not change the flag's value ``now``."""
