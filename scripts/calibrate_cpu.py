@@ -30,6 +30,15 @@ def main(argv: list[str] | None = None) -> int:
             file=sys.stderr,
         )
         return 2
+    from colossal_jax.checks.preflight import check_writable_file
+    from colossal_jax.config import ConfigError
+
+    if args.out is not None:
+        try:
+            check_writable_file("--out", str(args.out), "/tmp/cpu.json", name="cpu.json")
+        except ConfigError as e:
+            print(f"error: {e}", file=sys.stderr)
+            return 2
     from colossal_jax.runtime.devices import simulate_cpu_devices
 
     simulate_cpu_devices(args.devices, force_cpu=True)

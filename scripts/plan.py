@@ -33,6 +33,7 @@ from colossal_jax.auto import hardware, memory
 from colossal_jax.auto.choose import budget_of, preset_text, summary
 from colossal_jax.auto.hardware import DEVICES
 from colossal_jax.auto.search import GB, Ranked, SearchResult, plan_for, why_lost
+from colossal_jax.checks.preflight import check_writable_file
 from colossal_jax.cli.configure import model_overrides
 from colossal_jax.config import ConfigError, TrainConfig
 from colossal_jax.config.families import MODELS
@@ -192,21 +193,6 @@ def verify(result: SearchResult, k: int, n: int, budget: float) -> list[str]:
     return lines
 
 
-def writable(path: str) -> Path:
-    """``--out``'s path, its folder made: checked before the search, so that a path that
-    cannot be written ends in one line at once rather than after the search."""
-    out = Path(path)
-    if out.is_dir():
-        raise ConfigError(f"--out {path} is a folder; give a file (e.g. --out {out / 'plan.toml'})")
-    try:
-        out.parent.mkdir(parents=True, exist_ok=True)
-    except OSError as e:
-        raise ConfigError(f"--out {path}: cannot make {out.parent} ({e.strerror or e})") from None
-    if not os.access(out.parent, os.W_OK):
-        raise ConfigError(f"--out {path}: {out.parent} is not writable (e.g. --out /tmp/plan.toml)")
-    return out
-
-
 def main(argv: list[str] | None = None) -> int:
     args = parse(argv)
     try:
@@ -219,7 +205,8 @@ def main(argv: list[str] | None = None) -> int:
             raise ConfigError(f"--verify {args.verify} must be 0 or more (e.g. --verify 2)")
         if args.top < 1:
             raise ConfigError(f"--top {args.top} must be at least 1 (e.g. --top 10)")
-        out = writable(args.out) if args.out else None
+        if args.out:
+            check_writable_file("--out", args.out, "/tmp/plan.toml", name="plan.toml")
         budget = hw.memory_bytes if args.memory_gb is not None else budget_of(hw, n)
         # before the search starts JAX (it compiles a layer's working set, ring attention's on
         # sequence axes of 2 and 4 devices, ring self-attention's on up to 8): n devices to
@@ -239,14 +226,16 @@ def main(argv: list[str] | None = None) -> int:
         f"{hw.name} ({budget / GB:.2f} GB per device)"
     )
     print("\n".join(table(result, hw, n, args.top) + checks + summary(result, hw)))
-    if out is not None:
+    if args.out:
         header = (
             f"planned by scripts/plan.py for --model {cfg.model} --batch-size {cfg.batch_size} "
             f"--seq-len {cfg.seq_len} on {n} {hw.name}\n"
             f"predicted {result.best.prediction.step_s * 1e3:.1f} ms per step, "
             f"{result.best.prediction.memory_bytes / GB:.2f} GB per device"
         )
+        out = Path(args.out)
         try:
+            out.parent.mkdir(parents=True, exist_ok=True)
             out.write_text(preset_text(result.best, header))
         except OSError as e:
             print(f"error: --out {args.out}: {e.strerror or e}", file=sys.stderr)

@@ -151,11 +151,17 @@ def main(argv: list[str] | None = None) -> int:
     from colossal_jax.auto import sweep, sweep_report
     from colossal_jax.auto.choose import budget_of
     from colossal_jax.auto.hardware import hardware
+    from colossal_jax.checks.preflight import check_writable_file
     from colossal_jax.cli.configure import model_overrides
     from colossal_jax.config import ConfigError, TrainConfig
 
     t0 = time.perf_counter()
     try:
+        # before hours of measuring: an output that cannot be written ends in one line now
+        outputs = (("--json", args.json, "sweep.json"), ("--png", args.png, "sweep.png"))
+        for flag, path, name in outputs:
+            if path is not None:
+                check_writable_file(flag, str(path), f"/tmp/{name}", name=name)
         cfg = TrainConfig(
             model=args.model,
             model_overrides=model_overrides(args.model, args.set),

@@ -159,13 +159,12 @@ def check_writable_dir(flag: str, value: str, example: str) -> None:
         _probe(flag, value, _existing_ancestor(flag, value, example), example, make_dir=True)
 
 
-def check_writable_file(flag: str, value: str, example: str) -> None:
-    """``value`` is a file that can be appended to, or one that can be created."""
+def check_writable_file(flag: str, value: str, example: str, name: str = "metrics.jsonl") -> None:
+    """``value`` is a file that can be appended to, or one that can be created (its folders
+    too); a directory is refused with ``name`` inside it as the example."""
     path = Path(value)
     if path.is_dir():
-        raise ConfigError(
-            f"{flag} {value} is a directory; name a file, e.g. {flag} {path / 'metrics.jsonl'}"
-        )
+        raise ConfigError(f"{flag} {value} is a directory; name a file, e.g. {flag} {path / name}")
     if path.exists():
         try:
             with path.open("a"):
