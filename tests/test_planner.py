@@ -32,10 +32,6 @@ def _script(name: str):
     return module
 
 
-def _plan_script():
-    return _script("plan")
-
-
 def _cfg(**fields) -> TrainConfig:
     return TrainConfig.for_model("gpt2-tiny", batch_size=8, seq_len=64, **fields)
 
@@ -243,7 +239,7 @@ def test_planner_scripts_answer_careless_inputs_in_one_line(
 
 def test_written_preset_trains_unchanged(tmp_path, capsys):
     out = tmp_path / "plan.toml"
-    plan_py = _plan_script()
+    plan_py = _script("plan")
     argv = ["--devices", "8", "--batch-size", "16", "--seq-len", "64", "--out", str(out)]
     assert plan_py.main(argv) == 0
     text = out.read_text()
@@ -296,7 +292,7 @@ def test_mesh_auto_refuses_a_mode_flag(capsys):
 
 def test_verify_compiles_once_then_reads_the_cache(tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("COLOSSAL_JAX_CACHE", str(tmp_path / "cache"))
-    plan_py = _plan_script()
+    plan_py = _script("plan")
     argv = ["--devices", "8", "--batch-size", "8", "--seq-len", "32", "--verify", "1"]
     assert plan_py.main(argv) == 0
     first = capsys.readouterr().out
@@ -319,7 +315,7 @@ def test_verify_drops_a_plan_that_compiles_over_the_budget_and_compiles_the_next
     from colossal_jax.auto import measure
     from colossal_jax.auto.measure import Compiled
 
-    plan_py = _plan_script()
+    plan_py = _script("plan")
     result = search(_cfg(), 8, hardware.hardware("cpu"), budget=2**40)
     first, second = result.ranked[0].name, result.ranked[1].name
     peaks = {first: 5e9, second: 1e9}
@@ -418,7 +414,7 @@ def test_verify_skips_a_gpu_plan_its_cpu_compile_could_not_confirm(monkeypatch):
     from colossal_jax.auto import measure
     from colossal_jax.auto.measure import Compiled
 
-    plan_py = _plan_script()
+    plan_py = _script("plan")
     cfg = TrainConfig.for_model("gpt2-tiny", batch_size=8, seq_len=256, precision="bf16")
     result = search(cfg, 1, hardware.hardware("h100"), budget=2**40)
     result.ranked[:] = _every_knob_of(result, cfg)
