@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 from colossal_jax.auto import cost, fit_cpu, hardware, layer_memory, memory
+from colossal_jax.auto.per_device import stack_params
 from colossal_jax.checks.resolve import resolve
 from colossal_jax.config import ParallelConfig, TrainConfig
 from colossal_jax.config.families import model_config
@@ -160,10 +161,15 @@ def test_a_pipelined_ring_tick_holds_one_score_block_per_layer_of_its_chunk():
         assert memory.memory_terms(plan)["pipe_ring"] == 0.0
 
 
-def test_cpu_terms_price_attention_by_kernel_and_ticks_by_record_buffers():
+def test_cpu_terms_price_attention_by_kernel_and_ticks_by_buffers_and_parameters():
     plain = cost.cpu_terms(_plan(data=8))
     scores = 16 * 4 * 32**2 * 2  # batch · heads · s² · layers
-    assert plain == {"xla_score_s": scores, "ring_score_s": 0.0, "residual_tick_byte_s": 0.0}
+    assert plain == {
+        "xla_score_s": scores,
+        "ring_score_s": 0.0,
+        "residual_tick_byte_s": 0.0,
+        "stack_tick_byte_s": 0.0,
+    }
     ring = cost.cpu_terms(_plan(data=2, seq=4, seq_mode="ring"))
     assert ring["xla_score_s"] == 0.0 and ring["ring_score_s"] == scores
     # every tick costs the stage's record buffers: GPipe's M slots against 1F1B's p
@@ -173,6 +179,18 @@ def test_cpu_terms_price_attention_by_kernel_and_ticks_by_record_buffers():
         ticks = build(plan.pipeline, 2, 4, 1).ticks
         want = ticks * slots * memory.chunk_bytes(plan) * plan.n_devices
         assert cost.cpu_terms(plan)["residual_tick_byte_s"] == pytest.approx(want)
+        # and the stage's stacked parameters (its gradient sums, added into every tick), fp32
+        stage = stack_params(plan.model) / 2
+        want = ticks * stage * 4 * plan.n_devices
+        assert cost.cpu_terms(plan)["stack_tick_byte_s"] == pytest.approx(want)
+    # a tensor mode splits the stage's parameters; twice the microbatches, about twice the ticks
+    split = _plan(data=2, pipe=2, tensor_row=2, tensor_mode="1d", pipeline="1f1b", microbatches=4)
+    more = _plan(data=2, pipe=2, seq=2, seq_mode="ring", pipeline="1f1b", microbatches=8)
+    base, halved, same = (
+        cost.cpu_terms(p)["stack_tick_byte_s"] / build("1f1b", 2, p.schedule_microbatches, 1).ticks
+        for p in (one_f, split, more)
+    )
+    assert halved == pytest.approx(base / 2) and same == pytest.approx(base)
     gpu = _plan("gpu", data=8)
     assert cost.predict(gpu, hardware.hardware("h100")).cpu_s == 0.0
     cpu_hw = hardware.cpu_from(hardware.CPU_DEFAULT)
@@ -194,6 +212,7 @@ def test_fit_recovers_the_figures_a_sweep_was_made_with():
         "xla_score_s": 2e-8,
         "ring_score_s": 1e-8,
         "residual_tick_byte_s": 2e-11,
+        "stack_tick_byte_s": 1.5e-10,
     }
     layouts = [
         {"data": 8},
@@ -201,6 +220,22 @@ def test_fit_recovers_the_figures_a_sweep_was_made_with():
         {"data": 2, "seq": 4, "seq_mode": "ulysses"},
         {"data": 4, "pipe": 2, "pipeline": "1f1b", "microbatches": 4},
         {"data": 4, "pipe": 2, "pipeline": "gpipe", "microbatches": 4},
+        {
+            "data": 2,
+            "pipe": 2,
+            "seq": 2,
+            "seq_mode": "ulysses",
+            "pipeline": "1f1b",
+            "microbatches": 8,
+        },
+        {
+            "data": 2,
+            "pipe": 2,
+            "tensor_row": 2,
+            "tensor_mode": "1d",
+            "pipeline": "1f1b",
+            "microbatches": 4,
+        },
         {"data": 4, "tensor_row": 2, "tensor_mode": "1d"},
         {"seq": 8, "seq_mode": "ring"},
     ]

@@ -40,12 +40,14 @@ from colossal_jax.auto.per_device import (
     dims,
     params_per_device,
     ring_attention,
+    stack_params,
     stored_params_per_device,
     tokens_per_microbatch,
 )
 from colossal_jax.config.choices import MESH_ORDER
 from colossal_jax.config.optimizers import optimizer
 from colossal_jax.config.plan import Plan
+from colossal_jax.config.tensor_split import param_split
 from colossal_jax.sequence import cost as seq_cost
 from colossal_jax.tensor.cost import Grid, layer_elements
 
@@ -266,22 +268,31 @@ def cpu_terms(plan: Plan) -> dict[str, float]:
     times one chunk's record, :func:`~colossal_jax.auto.memory.chunk_bytes`), over every
     device: measured, a tick costs time in proportion to the size of the buffers the loop
     carries, not only to the slot it reads or writes (GPipe against 1F1B at M = 4, 8, 16,
-    docs/planner.md). (Each collective's cost is its link's α, at least ``collective_s``.)"""
+    docs/planner.md); ``stack_tick_byte_s``, for a pipeline, its ticks times the bytes of the
+    stage's stacked parameters on a device, over every device: every tick adds its chunk's
+    gradient into the stage's gradient sums (zeros on forward and idle ticks) and slices its
+    chunk out of the stack, so a tick costs in proportion to the stage's parameters too
+    (``store`` in :mod:`colossal_jax.pipeline.executor`; fitted on microbatch count 8 alone, it
+    ranks the unfiltered sweep's ``M = 2 / 4 / 16`` variants, docs/planner.md). (Each
+    collective's cost is its link's α, at least ``collective_s``.)"""
     cfg, par, m = plan.config, plan.config.parallel, plan.model
     scores = cfg.batch_size * m.n_head * cfg.seq_len**2 * m.n_layer
     if plan.remat != "none":
         scores *= 4 / 3
     ring = ring_attention(plan)
-    residual = 0.0
+    residual = stack = 0.0
     if par.pipelined:
         ticks, slots = _schedule(
             plan.pipeline, par.pipe, plan.schedule_microbatches, plan.virtual_stages
         )
         residual = ticks * slots * chunk_bytes(plan) * plan.n_devices
+        stage_params = stack_params(m) / par.pipe / param_split(par)
+        stack = ticks * stage_params * 4 * plan.n_devices  # fp32 gradient sums
     return {
         "xla_score_s": 0.0 if ring else float(scores),
         "ring_score_s": float(scores) if ring else 0.0,
         "residual_tick_byte_s": residual,
+        "stack_tick_byte_s": stack,
     }
 
 

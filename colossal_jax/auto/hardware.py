@@ -166,10 +166,11 @@ CPU_DEFAULT: dict = {
 one)."""
 
 CPU_STEP = {
-    "collective_s": 4.55e-4,
-    "xla_score_s": 2.76e-8,
-    "ring_score_s": 2.41e-8,
-    "residual_tick_byte_s": 2.07e-11,
+    "collective_s": 1.91e-4,
+    "xla_score_s": 1.34e-8,
+    "ring_score_s": 8.89e-9,
+    "residual_tick_byte_s": 1.23e-11,
+    "stack_tick_byte_s": 1.77e-10,
 }
 """What a step on simulated CPU devices costs beyond its matmuls and its bytes on the links,
 per unit (:func:`colossal_jax.auto.cost.cpu_terms`): every collective (a rendezvous of every
@@ -177,16 +178,20 @@ device's thread on the shared cores, which an isolated timing of one collective,
 calibration's α of about 0, does not see); every attention score element of a step, by kernel
 (XLA's attention materialises ``[heads, s, s]`` blocks and streams them through the softmax and
 its gradient, memory-bound with head sizes of 8–32; the ring's blockwise kernel a little less);
-and every byte of a stage's pipeline record buffers per tick (a tick costs in proportion to the
+every byte of a stage's pipeline record buffers per tick (a tick costs in proportion to the
 buffers its loop carries: GPipe, whose ``M`` records a stage holds, measured 0.04 / 0.08 /
-0.19 s a step slower than 1F1B's ``p`` at M = 4 / 8 / 16 on llama-tiny, 2.0–3.0e-11 s a byte).
+0.19 s a step slower than 1F1B's ``p`` at M = 4 / 8 / 16 on llama-tiny, 2.0–3.0e-11 s a byte);
+and every byte of a stage's stacked parameters per tick (each tick adds a chunk's gradient
+into the stage's gradient sums and slices its chunk out of the stack: the reason a pipeline
+at ``M = 16`` runs up to 1.4× slower than at ``M = 8`` here although its bubble is smaller).
 Fitted by non-negative least squares to the measured step times of two sweeps of the 4-layer,
-256-wide GPT, 48 plans (``docs/planner_sweep_gpt_fit2.json`` and
+256-wide GPT, 48 plans, all at 8 microbatches (``docs/planner_sweep_gpt_fit2.json`` and
 ``docs/planner_sweep_gpt_quiet6.json``, normalised times: ``scripts/sweep_meshes.py
---from-json docs/planner_sweep_gpt_fit3.json --fit``), the llama-tiny sweeps held out
-(docs/planner.md). Until 2026-11-27 (second session) a tick cost a microbatch's ``h``-wide
-activation bytes, which priced GPipe like 1F1B. Until 2026-11-27 only a 6 ms floor on every
-collective's α stood for all of it."""
+--from-json docs/planner_sweep_gpt_fit3.json --fit``), the llama-tiny sweeps and the
+unfiltered GPT sweep (microbatches 2–16) held out (docs/planner.md). Until 2026-11-28 the
+fifth term was absent (the others 4.55e-4, 2.76e-8, 2.41e-8, 2.07e-11). Until 2026-11-27
+(second session) a tick cost a microbatch's ``h``-wide activation bytes, which priced GPipe
+like 1F1B. Until 2026-11-27 only a 6 ms floor on every collective's α stood for all of it."""
 
 CPU_ALPHA_S = CPU_STEP["collective_s"]
 """The least fixed cost of one collective inside a whole step on simulated CPU devices

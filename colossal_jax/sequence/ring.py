@@ -43,7 +43,6 @@ from jax.ad_checkpoint import checkpoint_name
 from colossal_jax.sequence.local import grouped_key_grad, grouped_scores, grouped_values, visible
 from colossal_jax.tensor.kernels import ring_shift
 
-
 RING_RESIDUAL = "ring_residual"
 """The ``checkpoint_name`` of the kernel's output and log-sum-exp in its forward: the remat
 policies ``dots`` and ``selective`` keep them (:mod:`colossal_jax.parallel.remat`). Unnamed,
