@@ -182,8 +182,9 @@ every byte of a stage's pipeline record buffers per tick (a tick costs in propor
 buffers its loop carries: GPipe, whose ``M`` records a stage holds, measured 0.04 / 0.08 /
 0.19 s a step slower than 1F1B's ``p`` at M = 4 / 8 / 16 on llama-tiny, 2.0–3.0e-11 s a byte);
 and every byte of a stage's stacked parameters per tick (each tick adds a chunk's gradient
-into the stage's gradient sums and slices its chunk out of the stack: the reason a pipeline
-at ``M = 16`` runs up to 1.4× slower than at ``M = 8`` here although its bubble is smaller).
+into the stage's gradient sums and slices its chunk out of the stack: part of why a pipeline
+at ``M = 16`` runs up to 1.4× slower than at ``M = 8`` here although its bubble is smaller; it
+predicts about +12% of that).
 Fitted by non-negative least squares to the measured step times of two sweeps of the 4-layer,
 256-wide GPT, 48 plans, all at 8 microbatches (``docs/planner_sweep_gpt_fit2.json`` and
 ``docs/planner_sweep_gpt_quiet6.json``, normalised times: ``scripts/sweep_meshes.py
