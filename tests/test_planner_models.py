@@ -161,6 +161,22 @@ def test_a_pipelined_ring_tick_holds_one_score_block_per_layer_of_its_chunk():
         assert memory.memory_terms(plan)["pipe_ring"] == 0.0
 
 
+def test_a_pipeline_holds_a_tick_chunk_gradient_and_its_schedule_gradient_slots():
+    h = SMALL["n_embd"]
+    for schedule, slots in (("gpipe", 4), ("1f1b", 1)):
+        plan = _plan(
+            data=2, pipe=2, tensor_row=2, tensor_mode="1d", pipeline=schedule, microbatches=4
+        )
+        assert build(schedule, 2, 4).slots["gradient"] == slots
+        terms = memory.memory_terms(plan)
+        tokens = 16 // 2 // 4 * 32  # a microbatch's sequences on a replica × s
+        assert terms["pipe_grad_slots"] == pytest.approx(slots * 4 * tokens * h)  # 1D: whole
+        # one stage's layers (no virtual stages), split over the tensor group, in fp32
+        assert terms["pipe_chunk_grad"] == pytest.approx(4 * stack_params(plan.model) / 2 / 2)
+    flat = memory.memory_terms(_plan(data=4, tensor_row=2, tensor_mode="1d"))
+    assert flat["pipe_grad_slots"] == flat["pipe_chunk_grad"] == 0.0
+
+
 def test_cpu_terms_price_attention_by_kernel_and_ticks_by_buffers_and_parameters():
     plain = cost.cpu_terms(_plan(data=8))
     scores = 16 * 4 * 32**2 * 2  # batch · heads · s² · layers

@@ -28,7 +28,6 @@ Everything is derived from the model's dimensions and the plan, in closed form (
 
 from __future__ import annotations
 
-import functools
 import math
 from dataclasses import dataclass, field
 
@@ -39,6 +38,7 @@ from colossal_jax.auto.per_device import (
     act_split,
     dims,
     params_per_device,
+    pipeline_shape,
     ring_attention,
     stack_params,
     stored_params_per_device,
@@ -282,10 +282,8 @@ def cpu_terms(plan: Plan) -> dict[str, float]:
     ring = ring_attention(plan)
     residual = stack = 0.0
     if par.pipelined:
-        ticks, slots = _schedule(
-            plan.pipeline, par.pipe, plan.schedule_microbatches, plan.virtual_stages
-        )
-        residual = ticks * slots * chunk_bytes(plan) * plan.n_devices
+        ticks, slots = pipeline_shape(plan)
+        residual = ticks * slots["residual"] * chunk_bytes(plan) * plan.n_devices
         stage_params = stack_params(m) / par.pipe / param_split(par)
         stack = ticks * stage_params * 4 * plan.n_devices  # fp32 gradient sums
     return {
@@ -294,16 +292,6 @@ def cpu_terms(plan: Plan) -> dict[str, float]:
         "residual_tick_byte_s": residual,
         "stack_tick_byte_s": stack,
     }
-
-
-@functools.lru_cache(maxsize=1024)
-def _schedule(schedule: str, p: int, m: int, v: int) -> tuple[int, int]:
-    """``(ticks, residual slots)`` of a pipeline schedule
-    (:func:`colossal_jax.pipeline.schedule.build`)."""
-    from colossal_jax.pipeline.schedule import build
-
-    built = build(schedule, p, m, v)
-    return built.ticks, built.slots["residual"]
 
 
 def _offload_seconds(plan: Plan, hw: Hardware) -> float:

@@ -11,7 +11,8 @@ layer_memory`; split over the devices by the tensor and sequence modes) for the 
 flight (1 without a pipeline, ``M`` for GPipe, ``p`` for 1F1B, ``p·(1 +
 (p−1)/(p·V))`` interleaved and ZB-V (at most ``M``), ``p`` ZB-H1; a split backward's record,
 the larger of the residuals and the linears' inputs and output gradients; with a pipeline,
-the tick's body, a few chunks of them), the logits and their gradient. Attention
+the tick's body, a few chunks of them, a tick's chunk gradient and the output gradients
+waiting in the schedule's slots), the logits and their gradient. Attention
 keeps its ``a·s`` scores per token only where it runs XLA's reference kernel: cuDNN flash
 attention (GPU, 16-bit) and ring attention keep none (:func:`scores_per_token`). On a GPU the
 offloaded state stays in host memory.
@@ -26,9 +27,11 @@ from colossal_jax.auto.per_device import (
     dims,
     inner_width,
     params_per_device,
+    pipeline_shape,
     rest_params_per_device,
     ring_attention,
     ring_self_attention,
+    stack_params,
     stored_params_per_device,
     tokens_per_microbatch,
 )
@@ -69,19 +72,24 @@ MEMORY_COEF = {
     "kept": 1.0,
     "working": 1.0,
     "pipe_kept": 1.0,
-    "pipe_body": 2.63,
-    "pipe_body_split": 1.56,
+    "pipe_body": 2.48,
+    "pipe_body_split": 1.38,
     "pipe_ring": 0.75,
+    "pipe_chunk_grad": 0.59,
+    "pipe_grad_slots": 0.59,
     "logits": 1.0,
 }
 """The weight of each memory term (:func:`memory_terms`) in the predicted peak. All are 1 but a
-pipeline tick's body, which holds a few of its chunk's residual sets at once (made, copied out
-of the record buffers, their gradients): 2.63 chunks with a fused backward, 1.56 with a split
-one (its B and W each run half the backward), and under ring attention 0.75 of the ring's score
-blocks for each layer of the chunk (beside the ring kernel's own working set); fitted by
-non-negative least squares to the compiled memory of the 4-layer, 256-wide GPT's pipelined
-plans on 8 CPU devices (two sweeps, 32 plans) and held out on llama-tiny (docs/planner.md,
-"Memory")."""
+pipeline's: a tick's body, which holds a few of its chunk's residual sets at once (made, copied
+out of the record buffers, their gradients): 2.48 chunks with a fused backward, 1.38 with a
+split one (its B and W each run half the backward); under ring attention 0.75 of the ring's
+score blocks for each layer of the chunk (beside the ring kernel's own working set); a tick's
+chunk gradient and the schedule's gradient slots, 0.59 each (fitted below 1: the compiled peak
+does not hold all of either at once). The ring's weight is non-negative least squares on the
+compiled memory of the 4-layer, 256-wide GPT's pipelined plans on 8 CPU devices (two sweeps, 32
+plans, 2026-11-27); the other four on all 280 pipelined plans of its 320 (2026-11-29; that fit
+alone sets the ring's to 0, which leaves llama-tiny's pipelined ring plans up to 12.9% under).
+llama-tiny is held out (docs/planner.md, "Memory")."""
 
 
 def _split_elements(
@@ -265,7 +273,11 @@ def memory_terms(plan: Plan, *, floor: bool = False) -> dict[str, float]:
       microbatch in flight, with one; ``pipe_body`` (fused backward) or ``pipe_body_split``
       one chunk's worth, which the tick's body holds a few times over; ``pipe_ring``, under
       ring attention, one score block (``a·s/seq`` per token) for every layer of the chunk,
-      which the tick's ring loops hold beside it;
+      which the tick's ring loops hold beside it; ``pipe_chunk_grad`` the fp32 gradient of
+      one chunk's parameters that a tick's backward (or W) returns from the schedule's switch
+      before it is added into the stage's gradient sum; ``pipe_grad_slots`` the gradient slots
+      of the schedule (an activation's size each: ``M`` under GPipe, 1 under 1F1B and ZB-H1),
+      where output gradients wait for their chunk's backward;
     - ``working``: one layer's backward transients (:func:`working_bytes`);
     - ``logits``: the logits, their softmax and gradient in fp32, split over the tensor group.
     """
@@ -305,6 +317,12 @@ def memory_terms(plan: Plan, *, floor: bool = False) -> dict[str, float]:
     if par.pipelined and ring_attention(plan):  # one score block per layer of the chunk
         ring_chunk = ab * tok * scores_per_token(plan, kept=False) * layers / plan.virtual_stages
     working = working_bytes(plan, floor=floor)
+    chunk_grad = grad_slots = 0.0
+    if par.pipelined:  # a tick's chunk gradient (fp32), and the output gradients waiting
+        chunk_grad = 4 * stack_params(plan.model) / par.pipe / plan.virtual_stages
+        chunk_grad /= param_split(par)
+        _, slots = pipeline_shape(plan)
+        grad_slots = slots["gradient"] * ab * tok * h / act_split(plan)
     # the vocabulary split by the tensor mode, and under a grid the rows by the rest of the
     # group: the whole group divides the logits (2.5D at depth 2, 4, 8 compiles alike)
     logits = 3 * tok * vocab / par.tensor_size * 4
@@ -316,6 +334,8 @@ def memory_terms(plan: Plan, *, floor: bool = False) -> dict[str, float]:
         "pipe_body": chunk if par.pipelined and not split else 0.0,
         "pipe_body_split": chunk if split else 0.0,
         "pipe_ring": ring_chunk,
+        "pipe_chunk_grad": chunk_grad,
+        "pipe_grad_slots": grad_slots,
         "working": working,
         "logits": logits,
     }

@@ -1,7 +1,7 @@
 """A plan's sizes per device, shared by the planner's time and memory models
 (:mod:`colossal_jax.auto.cost`, :mod:`colossal_jax.auto.memory`): parameters computed with and
 stored, the model's dimensions, the bytes of an activation, the tokens of a microbatch, how a
-tensor mode cuts activations, the inner width of a layer."""
+tensor mode cuts activations, the inner width of a layer, a pipeline schedule's ticks and slots."""
 
 from __future__ import annotations
 
@@ -102,3 +102,23 @@ def inner_width(plan: Plan) -> float:
     per_layer = (m.matmul_params() - h * vocab) / m.n_layer
     mlp_inputs = max(1, round((per_layer - 2 * h * h - 2 * h * kv) / (h * w)) - 1)
     return h + 2 * kv + mlp_inputs * w
+
+
+def pipeline_shape(plan: Plan) -> tuple[int, dict[str, int]]:
+    """``(ticks, slots)`` of the plan's pipeline schedule: the ticks of one step and how many
+    of each buffer (``residual``, ``activation``, ``gradient``, ``saved``, ``wgrad``) a stage
+    holds (:func:`colossal_jax.pipeline.schedule.build`, cached per schedule); the plan must be
+    pipelined."""
+    par = plan.config.parallel
+    ticks, slots = _pipeline_shape(
+        plan.pipeline, par.pipe, plan.schedule_microbatches, plan.virtual_stages
+    )
+    return ticks, dict(slots)
+
+
+@functools.cache
+def _pipeline_shape(schedule: str, p: int, m: int, v: int) -> tuple[int, tuple]:
+    from colossal_jax.pipeline.schedule import build
+
+    built = build(schedule, p, m, v)
+    return built.ticks, tuple(built.slots.items())
