@@ -40,14 +40,13 @@ from colossal_jax.auto.per_device import (
     params_per_device,
     pipeline_shape,
     ring_attention,
-    stack_params,
+    stage_stack_params,
     stored_params_per_device,
     tokens_per_microbatch,
 )
 from colossal_jax.config.choices import MESH_ORDER
 from colossal_jax.config.optimizers import optimizer
 from colossal_jax.config.plan import Plan
-from colossal_jax.config.tensor_split import param_split
 from colossal_jax.sequence import cost as seq_cost
 from colossal_jax.tensor.cost import Grid, layer_elements
 
@@ -284,8 +283,7 @@ def cpu_terms(plan: Plan) -> dict[str, float]:
     if par.pipelined:
         ticks, slots = pipeline_shape(plan)
         residual = ticks * slots["residual"] * chunk_bytes(plan) * plan.n_devices
-        stage_params = stack_params(m) / par.pipe / param_split(par)
-        stack = ticks * stage_params * 4 * plan.n_devices  # fp32 gradient sums
+        stack = ticks * stage_stack_params(plan) * 4 * plan.n_devices  # fp32 gradient sums
     return {
         "xla_score_s": 0.0 if ring else float(scores),
         "ring_score_s": float(scores) if ring else 0.0,

@@ -31,7 +31,7 @@ from colossal_jax.auto.per_device import (
     rest_params_per_device,
     ring_attention,
     ring_self_attention,
-    stack_params,
+    stage_stack_params,
     stored_params_per_device,
     tokens_per_microbatch,
 )
@@ -319,8 +319,7 @@ def memory_terms(plan: Plan, *, floor: bool = False) -> dict[str, float]:
     working = working_bytes(plan, floor=floor)
     chunk_grad = grad_slots = 0.0
     if par.pipelined:  # a tick's chunk gradient (fp32), and the output gradients waiting
-        chunk_grad = 4 * stack_params(plan.model) / par.pipe / plan.virtual_stages
-        chunk_grad /= param_split(par)
+        chunk_grad = 4 * stage_stack_params(plan) / plan.virtual_stages
         _, slots = pipeline_shape(plan)
         grad_slots = slots["gradient"] * ab * tok * h / act_split(plan)
     # the vocabulary split by the tensor mode, and under a grid the rows by the rest of the

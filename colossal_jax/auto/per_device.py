@@ -42,6 +42,13 @@ def rest_params_per_device(plan: Plan) -> float:
     return (plan.param_count - stack_params(plan.model)) / param_split(plan.config.parallel)
 
 
+def stage_stack_params(plan: Plan) -> float:
+    """The layer stack's parameters one pipeline stage holds on a device: the stack over
+    ``pipe``, split by the tensor mode (a chunk of it is this over the virtual stages)."""
+    par = plan.config.parallel
+    return stack_params(plan.model) / par.pipe / param_split(par)
+
+
 def stored_params_per_device(plan: Plan) -> float:
     """Parameters one device stores between steps before ZeRO: all of them split by the tensor
     mode and over ``pipe`` (a pipeline stores the rest split over ``pipe`` too)."""
