@@ -288,3 +288,21 @@ def test_messages_move_only_on_the_ticks_that_carry_one():
     assert 0 < messages < sched.ticks
     expected = (every_tick - none) * messages / (2 * sched.ticks)
     assert weighted - none == pytest.approx(expected, rel=1e-6)
+
+
+def test_a_sequence_split_reduces_the_gradient_once_not_per_microbatch():
+    """Under ``seq`` the parameters enter the pipeline varying over it, so no tick's ``vjp``
+    all-reduces its chunk's gradient there: the compiled step moves the same bytes on ``seq``
+    at 2 and 4 microbatches (per microbatch the reduction would add the stage's gradient each
+    time), and its gradients are the unpipelined ones."""
+    from colossal_jax.auto.measure import compile_plan
+    from colossal_jax.checks.resolve import resolve
+    from colossal_jax.runtime.devices import current_devices
+
+    parallel = dict(pipe=2, seq=2, data=2, seq_mode="ring", pipeline="1f1b")
+    moved = [
+        compile_plan(resolve(_cfg(**parallel, microbatches=m), current_devices())).axis_bytes
+        for m in (2, 4)
+    ]
+    assert moved[0]["seq"] == pytest.approx(moved[1]["seq"], rel=1e-3)
+    assert_pipelined_gradients_equal_plain(_cfg(**parallel, microbatches=2))

@@ -101,11 +101,16 @@ def _per_device_step(
     gd, stack_dims, rest_dims = parts.graphdef, parts.stack_dims, parts.rest_dims
     rest_in = rest_axis_dims(parts.specs(stage == 3)[1], PIPE)
     rest_out = rest_axis_dims(parts.specs(stage >= 2)[1], PIPE)
+    # the token axes beside data (seq, a grid's batch axes) that split the tokens but not a
+    # parameter: entered varying over them once, so no tick's vjp reduces a chunk's gradient
+    # over them; the one reduction at the end sums over them with data
+    stack_extra = zero.extra_axes(parts.stack_specs, token_axes)
+    rest_extra = zero.extra_axes(parts.rest_specs, token_axes)
 
     def per_device(stack, rest, tokens, positions, targets, weights, scale):
         rest = _over_pipe(rest, rest_in, gather=True)
-        stack = zero.enter(stack, stack_dims, stage)
-        rest = zero.enter(rest, rest_dims, stage)
+        stack = zero.enter(stack, stack_dims, stage, stack_extra)
+        rest = zero.enter(rest, rest_dims, stage, rest_extra)
         if stage == 3:  # the unstacked parameters whole; their gradient is scattered below
             rest = zero.gather_rest(rest, rest_dims)
 
@@ -133,8 +138,8 @@ def _per_device_step(
                 token_axes=token_axes,
                 scale=scale,
             )
-        d_stack = zero.reduce(d_stack, stack_dims, stage)
-        d_rest = zero.reduce(d_rest, rest_dims, 2 if stage == 3 else stage)
+        d_stack = zero.reduce(d_stack, stack_dims, stage, stack_extra)
+        d_rest = zero.reduce(d_rest, rest_dims, 2 if stage == 3 else stage, rest_extra)
         d_rest = _over_pipe(d_rest, rest_out, gather=False)
         return loss, d_stack, d_rest
 
