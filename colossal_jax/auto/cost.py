@@ -174,28 +174,51 @@ def axis_traffic(plan: Plan) -> dict[str, tuple[float, float]]:
             out[x] = (total / len(axes), count / len(axes))
     if par.seq > 1:
         p, s = par.seq, cfg.seq_len
-        b = tok * p / s  # sequences of the microbatch
+        b = tok * p / s / plan.tensor_split.batch  # sequences of the microbatch on a device
         hh = h / plan.tensor_split.divisor("heads")
+        kv = hh * kv_heads(plan) / a  # grouped-query attention: only the K/V heads travel
         name = plan.seq_mode
         if name == "ulysses":
-            el, count = 2 * seq_cost.ulysses_forward_elements(b, s, hh, p), 8
+            kv *= ulysses_kv_repeat(kv_heads(plan) / plan.tensor_split.divisor("heads"), p)
+            el, count = 2 * seq_cost.ulysses_forward_elements(b, s, hh, p, kv), 8
         elif name == "ring":
-            el = seq_cost.ring_forward_elements(b, s, hh, p) + seq_cost.ring_backward_elements(
-                b, s, hh, p
-            )
+            el = seq_cost.ring_forward_elements(
+                b, s, kv, p
+            ) + seq_cost.ring_kernel_backward_elements(b, s, kv, p)
             count = RING_COLLECTIVES_PER_HOP * (p - 1)
-        else:  # ring self-attention: RingQK and RingAV forward, twice that backward
-            el, count = 3 * seq_cost.ring_self_attention_forward_elements(b, s, hh, p), 6 * (p - 1)
+        else:  # ring self-attention: RingQK and RingAV forward, dK and dV back the same way
+            el, count = 2 * seq_cost.ring_self_attention_forward_elements(b, s, kv, p), 6 * (p - 1)
         out["seq"] = (el * ab * layers * mt, count * layers * mt)
     if par.pipe > 1:
         act = tok * h * ab / act_split(plan)
         n = 2 * mt * plan.virtual_stages
         out["pipe"] = (n * act, n)
+    out.update(_gradient_traffic(plan, psi, mt, out.get("seq")))
+    return out
+
+
+def _gradient_traffic(
+    plan: Plan, psi: float, mt: int, seq: tuple[float, float] | None
+) -> dict[str, tuple[float, float]]:
+    """The gradient reduction's ``axis -> (bytes, collectives)`` (``seq``: that axis's attention
+    traffic, to which a reduction over it adds). The parameters are replicated over ``data``
+    and ``seq``; as compiled (the 4-layer GPT at ``data=4,seq=2``, every ZeRO stage): ZeRO 0
+    and 1 reduce over ``data × seq`` as one group (counted on ``data``); ZeRO 2 all-reduces the
+    gradient over ``seq`` for each accumulated microbatch, then reduce-scatters over ``data``;
+    ZeRO 3's reduce-scatter and gathers cover ``seq`` within the ``data`` figure; with no
+    ``data`` axis, an all-reduce over ``seq``."""
+    par = plan.config.parallel
+    out: dict[str, tuple[float, float]] = {}
+    r, z, accum = par.seq, plan.zero, plan.grad_accum
+    if r > 1 and (par.data == 1 or z == 2):
+        nbytes, count = seq or (0.0, 0.0)
+        times = accum if par.data > 1 else 1
+        out["seq"] = (nbytes + times * 2 * (r - 1) / r * 4 * psi, count + times * PARAM_LEAVES)
     if par.data > 1:
         d = par.data
         f = (d - 1) / d
-        z = plan.zero
-        accum = plan.grad_accum
+        if z in (0, 1):
+            f = (d * r - 1) / (d * r)
         if z == 0:
             nbytes, count = 2 * f * 4 * psi, PARAM_LEAVES
         elif z == 1:
@@ -206,6 +229,19 @@ def axis_traffic(plan: Plan) -> dict[str, tuple[float, float]]:
             nbytes, count = 3 * f * 4 * psi * mt, 3 * PARAM_LEAVES * mt
         out["data"] = (nbytes, count)
     return out
+
+
+def kv_heads(plan: Plan) -> int:
+    """The model's key/value heads (grouped-query attention; every head when it states none)."""
+    return getattr(plan.model, "n_kv_head", None) or plan.model.n_head
+
+
+def ulysses_kv_repeat(g: float, p: int) -> int:
+    """How many times Ulysses repeats each of a device's ``g`` K/V heads before its all-to-all:
+    ``p / gcd(g, p)`` where ``p`` does not divide ``g`` (:mod:`colossal_jax.sequence.ulysses`),
+    else 1."""
+    g = int(g)
+    return p // math.gcd(g, p) if g % p else 1
 
 
 def _inner_sizes(plan: Plan) -> dict[str, int]:

@@ -1,7 +1,10 @@
 """Closed-form communication volume of the sequence-parallel attention kernels (docs/formulas.md).
 
 Elements received per device for attention over ``b·s`` tokens of width ``h = heads·head_dim``
-split over ``p`` devices on the sequence axis; multiply by the dtype size for bytes.
+split over ``p`` devices on the sequence axis; multiply by the dtype size for bytes. Under
+grouped-query attention the keys and values are ``kv`` wide (``g`` of the ``a`` heads:
+``kv = g·head_dim``), and only those travel: pass ``kv`` as the width of the K/V-only kernels
+(ring attention, ring self-attention) and to :func:`ulysses_forward_elements`.
 """
 
 from __future__ import annotations
@@ -18,9 +21,17 @@ def ring_backward_elements(b: int, s: int, h: int, p: int) -> float:
     return 4 * (p - 1) / p * b * s * h
 
 
-def ulysses_forward_elements(b: int, s: int, h: int, p: int) -> float:
-    """Ulysses forward: all-to-alls of Q, K, V and the output, each ``(p−1)/p`` of ``b·s·h/p``."""
-    return 4 * (p - 1) / p * b * s * h / p
+def ring_kernel_backward_elements(b: int, s: int, h: int, p: int) -> float:
+    """Ring attention backward as :mod:`colossal_jax.sequence.ring` sends it: K and V ``p − 1``
+    hops, their gradients ``p`` hops (the last one home), ``(4p − 2)/p·b·s·h``."""
+    return (4 * p - 2) / p * b * s * h
+
+
+def ulysses_forward_elements(b: int, s: int, h: int, p: int, kv: float | None = None) -> float:
+    """Ulysses forward: all-to-alls of Q, K, V and the output, each ``(p−1)/p`` of its
+    ``b·s·width/p`` (Q and the output ``h`` wide, K and V ``kv``, default ``h``)."""
+    kv = h if kv is None else kv
+    return 2 * (p - 1) / p * b * s * (h + kv) / p
 
 
 def ring_self_attention_forward_elements(b: int, s: int, h: int, p: int) -> float:

@@ -1,0 +1,91 @@
+"""The planner's bytes per mesh axis against the compiled program's collectives: the sequence
+kernels' traffic (grouped-query attention's narrower keys and values, the ring's extra
+gradient hop, the grid modes' batch pieces) and the gradient's reduction over every replica
+of the parameters (``data × seq``, by ZeRO stage)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from colossal_jax.auto import cost
+from colossal_jax.auto.hardware import hardware
+from colossal_jax.auto.measure import compile_plan
+from colossal_jax.auto.space import Knobs
+from colossal_jax.checks.resolve import resolve
+from colossal_jax.config.schema import ParallelConfig, TrainConfig
+from tests.helpers import tiny_config
+
+LLAMA = {"n_layer": 4, "n_head": 4, "n_kv_head": 2, "n_embd": 64, "intermediate_size": 128}
+"""Grouped-query attention: 4 query heads share 2 key/value heads."""
+LAYERS = 4
+"""A scanned stack of layers, as every planned model has (two unrolled layers let XLA cancel the
+ring's last gradient hop against the next layer's at ``seq=2``)."""
+
+
+def _gpt() -> TrainConfig:
+    cfg = tiny_config(batch_size=16, seq_len=64)
+    return dataclasses.replace(cfg, model_overrides={**cfg.model_overrides, "n_layer": LAYERS})
+
+
+def _plan(cfg: TrainConfig, zero: int = 0, accum: int = 1, **parallel):
+    par = ParallelConfig(**{"data": 1, **parallel})
+    knobs = Knobs(zero=zero, remat="none", offload="none", grad_accum=accum)
+    return resolve(knobs.apply(dataclasses.replace(cfg, parallel=par)), 8)
+
+
+def _compare(plan) -> tuple[dict[str, float], dict[str, float]]:
+    """``(predicted, compiled)`` bytes per device per step: ``seq`` alone and the total."""
+    predicted = cost.predict(plan, hardware("cpu")).axis_bytes
+    compiled = compile_plan(plan).axis_bytes
+    return (
+        {"seq": predicted.get("seq", 0.0), "total": sum(predicted.values())},
+        {"seq": compiled.get("seq", 0.0), "total": sum(compiled.values())},
+    )
+
+
+EVERY_RUN = [
+    ("ring", {"data": 4, "seq": 2}, 0, 1),
+    ("ring-self-attention", {"data": 4, "seq": 2}, 0, 1),
+    ("ulysses", {"data": 4, "seq": 2}, 2, 2),
+]
+"""Compiled in every run (the planner's tests stay within their CI minutes); the rest of
+:data:`CASES` with ``-m exhaustive``."""
+CASES = [
+    *EVERY_RUN,
+    *(
+        pytest.param(*case, marks=pytest.mark.exhaustive)
+        for case in [
+            ("ulysses", {"data": 2, "seq": 4}, 0, 1),
+            ("ulysses", {"data": 4, "seq": 2}, 1, 1),
+            ("ring", {"seq": 8}, 0, 1),
+            ("ring", {"data": 2, "seq": 2, "tensor_depth": 2, "tensor_mode": "2.5d"}, 0, 1),
+        ]
+    ),
+]
+
+
+@pytest.mark.parametrize(("mode", "axes", "zero", "accum"), CASES)
+def test_the_sequence_axis_and_the_gradient_reduction_are_predicted_as_compiled(
+    mode, axes, zero, accum
+):
+    plan = _plan(_gpt(), zero, accum, seq_mode=mode, **axes)
+    predicted, compiled = _compare(plan)
+    assert predicted["seq"] == pytest.approx(compiled["seq"], rel=0.05)
+    if "tensor_mode" not in axes:  # the grids' own traffic is another model's (docs/planner.md)
+        assert predicted["total"] == pytest.approx(compiled["total"], rel=0.05)
+
+
+@pytest.mark.parametrize("mode", ["ring", pytest.param("ulysses", marks=pytest.mark.exhaustive)])
+def test_grouped_query_attention_moves_only_its_key_value_heads(mode):
+    cfg = dataclasses.replace(_gpt(), model="llama-tiny", model_overrides=LLAMA)
+    plan = _plan(cfg, data=4, seq=2, seq_mode=mode)
+    predicted, compiled = _compare(plan)
+    assert predicted["seq"] == pytest.approx(compiled["seq"], rel=0.05)
+    # the same plan with every head its own key/value head moves more
+    full = dataclasses.replace(cfg, model_overrides={**LLAMA, "n_kv_head": 4})
+    assert (
+        cost.predict(_plan(full, data=4, seq=2, seq_mode=mode), hardware("cpu")).axis_bytes["seq"]
+        > predicted["seq"]
+    )
