@@ -1,0 +1,190 @@
+"""The planner's choice put to use: the preset plan.py writes trains unchanged, --mesh auto
+trains the default model (compiling its choice and taking the next plan when that is over the
+budget), and --verify compiles the plans it returns once. docs/planner.md. (Beside
+tests/test_planner.py so the two test workers share the planner's tests.)"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+
+import pytest
+
+from colossal_jax.auto import hardware, memory
+from colossal_jax.auto.choose import preset_text
+from colossal_jax.auto.search import search
+from colossal_jax.cli import main
+from colossal_jax.config import ConfigError, TrainConfig, parse_mesh
+from tests.test_planner import _cfg, _script
+
+
+def test_written_preset_trains_unchanged(tmp_path, capsys):
+    out = tmp_path / "plan.toml"
+    plan_py = _script("plan")
+    argv = ["--devices", "8", "--batch-size", "16", "--seq-len", "64", "--out", str(out)]
+    assert plan_py.main(argv) == 0
+    text = out.read_text()
+    assert "[mesh]" in text and "[train]" in text
+    sizes = parse_mesh(str(out), 8)
+    assert sizes["data"] * sizes.get("pipe", 1) * sizes.get("seq", 1) >= 1
+    code = main(
+        [
+            "--mesh",
+            str(out),
+            "--steps",
+            "2",
+            "--seq-len",
+            "64",
+            "--batch-size",
+            "16",
+            "--eval-every",
+            "0",
+            "--no-progress",
+        ]
+    )
+    assert code == 0
+    printed = capsys.readouterr()
+    assert "done: steps 0->2" in printed.out + printed.err
+
+
+def test_preset_text_carries_the_pipeline_and_knobs(tmp_path):
+    hw = hardware.hardware("h100")
+    cfg = dataclasses.replace(_cfg(precision="bf16"), model_overrides={"n_layer": 4})
+    result = search(cfg, 8, hw, 80e9)
+    piped = next(r for r in result.ranked if r.plan.config.parallel.pipe > 1)
+    path = tmp_path / "p.toml"
+    path.write_text(preset_text(piped, "test"))
+    sizes = parse_mesh(str(path), 8)
+    par = piped.plan.config.parallel
+    assert sizes["pipeline"] == par.pipeline and sizes["microbatches"] == par.num_microbatches
+
+
+def test_mesh_auto_trains_the_default_model(capsys):
+    code = main(["--mesh", "auto", "--steps", "2", "--eval-every", "0", "--no-progress"])
+    assert code == 0
+    err = capsys.readouterr().err
+    assert "planned: " in err and "runner-up: " in err
+
+
+def test_mesh_auto_refuses_a_mode_flag(capsys):
+    assert main(["--mesh", "auto", "--zero", "1", "--steps", "1"]) == 2
+    assert "--mesh auto chooses" in capsys.readouterr().err
+
+
+def test_verify_compiles_once_then_reads_the_cache(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("COLOSSAL_JAX_CACHE", str(tmp_path / "cache"))
+    plan_py = _script("plan")
+    argv = ["--devices", "8", "--batch-size", "8", "--seq-len", "32", "--verify", "1"]
+    assert plan_py.main(argv) == 0
+    first = capsys.readouterr().out
+    t0 = time.perf_counter()
+    assert plan_py.main(argv) == 0
+    assert time.perf_counter() - t0 < 10
+    second = capsys.readouterr().out
+    line = next(x for x in first.splitlines() if x.startswith("compiled "))
+    assert line.split(", compile")[0] in second
+
+
+def test_unknown_device_is_a_config_error():
+    with pytest.raises(ConfigError, match="--device 'tpu' is unknown"):
+        hardware.hardware("tpu")
+
+
+def test_verify_drops_a_plan_that_compiles_over_the_budget_and_compiles_the_next(monkeypatch):
+    """``--verify`` walks the ranking: the best plan's compiled peak over the budget drops it,
+    the next is compiled and kept with its compiled memory; none fitting is one ConfigError."""
+    from colossal_jax.auto import measure
+    from colossal_jax.auto.measure import Compiled
+
+    plan_py = _script("plan")
+    result = search(_cfg(), 8, hardware.hardware("cpu"), budget=2**40)
+    first, second = result.ranked[0].name, result.ranked[1].name
+    peaks = {first: 5e9, second: 1e9}
+
+    def fake(plan, cache=None):
+        name = next(r.name for r in result.ranked if r.plan is plan)
+        return Compiled(0, 0, 0, 0, 0, peaks.get(name, 9e9), {}, 0.1), False
+
+    monkeypatch.setattr(measure, "compile_cached", fake)
+    lines = plan_py.verify(result, 1, 8, budget=2e9)
+    assert "dropped" in lines[0] and first in lines[0] and "dropped" not in lines[1]
+    assert result.ranked[0].name == second and result.ranked[0].prediction.memory_bytes == 1e9
+    with pytest.raises(ConfigError, match="compiled over the budget"):
+        plan_py.verify(result, 1, 8, budget=1e8)
+
+
+def test_mesh_auto_compiles_the_choice_and_takes_the_next_plan_when_it_is_over(monkeypatch):
+    from colossal_jax.auto import choose, measure
+    from colossal_jax.config.plan import Devices
+
+    cfg = _cfg(devices=8)
+    hw = hardware.hardware("cpu")
+    result = search(cfg, 8, hw, choose.budget_of(hw, 8))
+    first, second = result.ranked[0].name, result.ranked[1].name
+    compiled = []
+
+    def fake(plan, cache=None):
+        compiled.append(plan)
+        peak = 2e9 if len(compiled) == 1 else 1e6  # the first plan compiles over 1 GB
+        return measure.Compiled(0, 0, 0, 0, 0, peak, {}, 0), False
+
+    monkeypatch.setattr(measure, "compile_cached", fake)
+    devices = Devices(count=8, platform="cpu")
+    lines = choose.verify_on(result, devices, budget=1e9)  # no hardware: the ranked layouts only
+    assert len(compiled) == 2 and result.best.name == second
+    assert lines and first in lines[0] and "over the budget" in lines[0]
+    with pytest.raises(ConfigError, match="all compile over"):
+        choose.verify_on(result, devices, budget=1.0, limit=2)
+
+
+def test_on_one_device_a_choice_over_the_budget_falls_back_to_another_knob(monkeypatch):
+    from colossal_jax.auto import choose, measure
+    from colossal_jax.config.plan import Devices
+
+    cfg = _cfg(devices=1)
+    hw = hardware.hardware("h100")
+    result = search(cfg, 1, hw, choose.budget_of(hw, 1))
+    assert len(result.ranked) == 1  # one layout: the planner's knobs for it
+    first = result.best
+
+    def fake(plan, cache=None):  # every plan keeping all activations compiles over the budget
+        peak = 2e9 if plan.remat == "none" else 1e6
+        return measure.Compiled(0, 0, 0, 0, 0, peak, {}, 0), False
+
+    monkeypatch.setattr(measure, "compile_cached", fake)
+    lines = choose.verify_on(result, Devices(count=1, platform="gpu"), 1e9, hw, limit=8)
+    assert first.plan.remat == "none" and result.best.plan.remat != "none"
+    assert lines[0].startswith(f"compiled {first.name}:")
+
+
+def test_verify_skips_a_gpu_plan_its_cpu_compile_could_not_confirm(monkeypatch):
+    """A bf16 GPU plan fits by the flash-attention prediction but not as the CPU compiles it
+    (scores kept): ``--verify`` skips it without compiling and compiles the next."""
+    from colossal_jax.auto import measure
+    from colossal_jax.auto.measure import Compiled
+
+    plan_py = _script("plan")
+    cfg = TrainConfig.for_model("gpt2-tiny", batch_size=8, seq_len=256, precision="bf16")
+    result = search(cfg, 1, hardware.hardware("h100"), budget=2**40)
+    result.ranked[:] = _every_knob_of(result, cfg)
+    best = result.ranked[0]
+    gpu, cpu = best.prediction.memory_bytes, memory.memory_bytes(plan_py._on_cpu(best.plan))
+    assert cpu > gpu  # the scores: kept by XLA's attention, not by cuDNN's
+    budget = (gpu + cpu) / 2
+    compiled = []
+
+    def fake(plan, cache=None):
+        compiled.append(plan)
+        return Compiled(0, 0, 0, 0, 0, 1.0, {}, 0.1), False
+
+    monkeypatch.setattr(measure, "compile_cached", fake)
+    lines = plan_py.verify(result, 1, 1, budget=budget)
+    assert best.plan not in compiled and len(compiled) == 1
+    assert any(line.startswith("skipped ") for line in lines)
+    assert memory.memory_bytes(plan_py._on_cpu(result.ranked[0].plan)) <= budget
+
+
+def _every_knob_of(result, cfg):
+    from colossal_jax.auto.search import every_knob
+
+    return every_knob(result.ranked, hardware.hardware("h100"), 2**40, 1)
