@@ -14,9 +14,11 @@ Everything is derived from the model's dimensions and the plan, in closed form (
   for ZB-H1 and ZB-V (Qi et al. 2024; F, B and W taken as equal).
 - **Communication**, bytes received per device per step on each mesh axis, by the formulas of
   docs/formulas.md: tensor (:mod:`colossal_jax.tensor.cost`, every layer of the stage, every
-  microbatch), sequence (:mod:`colossal_jax.sequence.cost`), pipeline (one activation forward
-  and its gradient back per microbatch and chunk), data (the gradient all-reduce, or ZeRO's
-  reduce-scatter + all-gather, stage 2 per microbatch, stage 3 with two gathers per microbatch).
+  microbatch), sequence (:mod:`colossal_jax.sequence.cost`, as the kernels send it: only the
+  key/value heads under grouped-query attention), pipeline (one activation forward and its
+  gradient back per microbatch and chunk), the gradient's reduction over every replica of the
+  parameters (``data × seq``: the all-reduce, or ZeRO's reduce-scatter + all-gather, stage 2
+  per microbatch, stage 3 with two gathers per microbatch; :func:`_gradient_traffic`).
   Each axis's bytes cost ``α · collectives + bytes / β`` on its link.
 - **Overlap (the assumption).** On a GPU the data axis's traffic (gradient reduction, ZeRO
   gathers) overlaps the backward pass, so only what exceeds 2/3 of the compute is exposed; the
