@@ -39,6 +39,7 @@ from colossal_jax.auto.per_device import (
     act_bytes,
     act_split,
     dims,
+    kv_heads,
     params_per_device,
     pipeline_shape,
     ring_attention,
@@ -181,7 +182,8 @@ def axis_traffic(plan: Plan) -> dict[str, tuple[float, float]]:
         kv = hh * kv_heads(plan) / a  # grouped-query attention: only the K/V heads travel
         name = plan.seq_mode
         if name == "ulysses":
-            kv *= ulysses_kv_repeat(kv_heads(plan) / plan.tensor_split.divisor("heads"), p)
+            local_kv = kv_heads(plan) // plan.tensor_split.divisor("heads")
+            kv *= seq_cost.ulysses_kv_repeat(local_kv, p)
             el, count = 2 * seq_cost.ulysses_forward_elements(b, s, hh, p, kv), 8
         elif name == "ring":
             el = seq_cost.ring_forward_elements(
@@ -231,19 +233,6 @@ def _gradient_traffic(
             nbytes, count = 3 * f * 4 * psi * mt, 3 * PARAM_LEAVES * mt
         out["data"] = (nbytes, count)
     return out
-
-
-def kv_heads(plan: Plan) -> int:
-    """The model's key/value heads (grouped-query attention; every head when it states none)."""
-    return getattr(plan.model, "n_kv_head", None) or plan.model.n_head
-
-
-def ulysses_kv_repeat(g: float, p: int) -> int:
-    """How many times Ulysses repeats each of a device's ``g`` K/V heads before its all-to-all:
-    ``p / gcd(g, p)`` where ``p`` does not divide ``g`` (:mod:`colossal_jax.sequence.ulysses`),
-    else 1."""
-    g = int(g)
-    return p // math.gcd(g, p) if g % p else 1
 
 
 def _inner_sizes(plan: Plan) -> dict[str, int]:

@@ -96,6 +96,11 @@ def act_split(plan: Plan) -> int:
     return par.tensor_size
 
 
+def kv_heads(plan: Plan) -> int:
+    """The model's key/value heads (grouped-query attention; every head when it states none)."""
+    return getattr(plan.model, "n_kv_head", None) or plan.model.n_head
+
+
 def inner_width(plan: Plan) -> float:
     """The width of a layer's values that every tensor mode splits: Q, K, V (``h + 2·kv``, K
     and V narrower under grouped-query attention) and the MLP's hidden values, one ``w`` per
@@ -105,7 +110,7 @@ def inner_width(plan: Plan) -> float:
     _, h, a, w, vocab = dims(plan)
     if not hasattr(m, "matmul_params"):
         return 3 * h + w
-    kv = getattr(m, "n_kv_head", a) * h / a
+    kv = kv_heads(plan) * h / a
     per_layer = (m.matmul_params() - h * vocab) / m.n_layer
     mlp_inputs = max(1, round((per_layer - 2 * h * h - 2 * h * kv) / (h * w)) - 1)
     return h + 2 * kv + mlp_inputs * w

@@ -9,6 +9,8 @@ grouped-query attention the keys and values are ``kv`` wide (``g`` of the ``a`` 
 
 from __future__ import annotations
 
+import math
+
 
 def ring_forward_elements(b: int, s: int, h: int, p: int) -> float:
     """Ring attention forward: K and V blocks ``[b, s/p, h]`` travel p−1 hops."""
@@ -37,3 +39,10 @@ def ulysses_forward_elements(b: int, s: int, h: int, p: int, kv: float | None = 
 def ring_self_attention_forward_elements(b: int, s: int, h: int, p: int) -> float:
     """Ring self-attention forward (Li et al. 2021): RingQK rotates K, RingAV rotates V."""
     return 2 * (p - 1) / p * b * s * h
+
+
+def ulysses_kv_repeat(kv_heads: int, p: int) -> int:
+    """How many times Ulysses repeats each of a device's ``kv_heads`` key/value heads before its
+    all-to-all: ``p / gcd(g, p)`` where ``p`` does not divide ``g`` (so the ``lcm(g, p)`` heads
+    split ``p`` ways), else 1."""
+    return p // math.gcd(kv_heads, p) if kv_heads % p else 1

@@ -23,12 +23,11 @@ multi-head bytes instead of ``g/a`` (never more than multi-head attention).
 
 from __future__ import annotations
 
-import math
-
 import jax
 import jax.numpy as jnp
 
 from colossal_jax.config.parallel_rules import check_ulysses_heads
+from colossal_jax.sequence.cost import ulysses_kv_repeat
 from colossal_jax.sequence.fused import fused_attention
 from colossal_jax.sequence.local import dot_product_attention
 
@@ -66,12 +65,11 @@ def ulysses_attention(
     p = jax.lax.axis_size(axis_name)
     heads = q.shape[2]
     check_ulysses_heads(heads, p)
-    kv_heads = k.shape[2]
-    if kv_heads % p:
+    r = ulysses_kv_repeat(k.shape[2], p)
+    if r > 1:
         # grouped-query attention with fewer K/V heads than devices (or not a multiple): repeat
-        # each K/V head r times, r = p / gcd(g, p), so the lcm(g, p) heads split p ways; every
-        # query head still reads the copy of its own key head
-        r = p // math.gcd(kv_heads, p)
+        # each K/V head r times so the lcm(g, p) heads split p ways; every query head still
+        # reads the copy of its own key head
         k, v = jnp.repeat(k, r, axis=2), jnp.repeat(v, r, axis=2)
 
     def seq_to_heads(x: jax.Array) -> jax.Array:
