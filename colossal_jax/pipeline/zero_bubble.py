@@ -20,6 +20,8 @@ again (the same timeline).
 
 from __future__ import annotations
 
+import heapq
+
 from colossal_jax.pipeline.schedule import (
     BACKWARD,
     FORWARD,
@@ -82,48 +84,51 @@ def greedy_order(
     p: int, m: int, v: int, placement: str, limits: list[tuple[int, int, int]]
 ) -> list[list[Op]]:
     """Each stage's operations in the order the greedy list scheduler (module docstring) runs
-    them: B first, then F under the stage's ``(residual, pending, saved)`` ``limits``, then W."""
+    them: B first, then F under the stage's ``(residual, pending, saved)`` ``limits``, then W.
+    The ready operations wait in a heap per stage and kind, keyed ``(microbatch, −chunk)``; an
+    operation joins its heap the tick after the one it depends on ran (:func:`_unblocked`), so
+    a step costs ``O(p log M)``, not a scan of everything pending."""
     last = p * v - 1
-    local = [[c for c in range(p * v) if place(c, p, v, placement)[0] == s] for s in range(p)]
-    pending = [
-        {Op(kind, i, c) for i in range(m) for c in local[s] for kind in (FORWARD, BACKWARD, WEIGHT)}
-        for s in range(p)
-    ]
-    done: dict[tuple[int, int, int], int] = {}
+    ready: list[dict[int, list]] = [{FORWARD: [], BACKWARD: [], WEIGHT: []} for _ in range(p)]
+    for i in range(m):  # the embedding's forwards wait for nothing
+        ready[place(0, p, v, placement)[0]][FORWARD].append((i, 0, Op(FORWARD, i, 0)))
+    for heaps in ready:
+        heapq.heapify(heaps[FORWARD])
+    left = [3 * m * sum(place(c, p, v, placement)[0] == s for c in range(p * v)) for s in range(p)]
     count = [{FORWARD: 0, BACKWARD: 0, WEIGHT: 0} for _ in range(p)]  # operations run
     orders: list[list[Op]] = [[] for _ in range(p)]
     t = 0
-    while any(pending):
+    while any(left):
         ran = []
         for s in range(p):
-            ready = [
-                op
-                for op in pending[s]
-                if (dep := dependency(op, last)) is None or done.get(dep, t) < t
-            ]
             f, b, w = count[s][FORWARD], count[s][BACKWARD], count[s][WEIGHT]
             residual, waiting, saved = limits[s]
-            op = _pick(ready, f - b < residual and b - w < waiting and f - w < saved)
-            if op is not None:
-                ran.append((s, op))
+            may_forward = f - b < residual and b - w < waiting and f - w < saved
+            for kind in (BACKWARD, FORWARD, WEIGHT):
+                heap = ready[s][kind]
+                if heap and (kind != FORWARD or may_forward):
+                    ran.append((s, heapq.heappop(heap)[2]))
+                    break
         for s, op in ran:
-            pending[s].remove(op)
+            left[s] -= 1
             orders[s].append(op)
-            done[(op.kind, op.microbatch, op.chunk)] = t
             count[s][op.kind] += 1
+            for nxt in _unblocked(op, last):
+                heapq.heappush(
+                    ready[place(nxt.chunk, p, v, placement)[0]][nxt.kind],
+                    (nxt.microbatch, -nxt.chunk, nxt),
+                )
         t += 1
         if t > 8 * m * v * p + 8 * p:
             raise RuntimeError(f"the greedy zero-bubble order deadlocked at p={p}, M={m}")
     return orders
 
 
-def _pick(ready: list[Op], may_forward: bool) -> Op | None:
-    """B (lowest microbatch, latest chunk), else F if memory allows (lowest microbatch, latest
-    chunk), else W (lowest microbatch, latest chunk)."""
-    for kind in (BACKWARD, FORWARD, WEIGHT):
-        if kind == FORWARD and not may_forward:
-            continue
-        candidates = [op for op in ready if op.kind == kind]
-        if candidates:
-            return min(candidates, key=lambda op: (op.microbatch, -op.chunk))
-    return None
+def _unblocked(op: Op, last: int) -> list[Op]:
+    """The operations whose :func:`~colossal_jax.pipeline.schedule.dependency` is ``op``."""
+    i, c = op.microbatch, op.chunk
+    if op.kind == FORWARD:
+        return [Op(FORWARD, i, c + 1)] if c < last else [Op(BACKWARD, i, c)]
+    if op.kind == BACKWARD:
+        return [Op(WEIGHT, i, c)] + ([Op(BACKWARD, i, c - 1)] if c > 0 else [])
+    return []
