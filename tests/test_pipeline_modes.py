@@ -1,6 +1,7 @@
 """The pipeline composed with the other modes inside a stage (tensor 1D/2D/3D, ring, Ulysses,
-ZeRO-1, interleaved with 1D): the 10-step fp32 loss curve of ``--mesh data=8`` to 1e-4. In a
-file of its own so the two test workers share the pipeline's tests."""
+ZeRO-1, interleaved with 1D): the fp32 loss curve of ``--mesh data=8`` to 1e-4 (``STEPS`` steps,
+``tests/test_pipeline.py``). In a file of its own so the two test workers share the pipeline's
+tests."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ import numpy as np
 import pytest
 
 from tests.helpers import losses
-from tests.test_pipeline import MODEL, ROOT, _cfg
+from tests.test_pipeline import MODEL, ROOT, STEPS, _cfg
 
 
 @pytest.fixture(scope="module")
@@ -44,24 +45,31 @@ def test_modes_compose_inside_a_stage(name, data_parallel_losses):
 
 
 def _cli_losses(tmp_path: Path, name: str, *flags: str) -> list[float]:
+    """The training losses of ``scripts/train.py`` run with ``_cfg``'s settings and ``flags``
+    (no held-out evaluation, whose compile the comparison does not need)."""
     out = tmp_path / f"{name}.jsonl"
     argv = [
         sys.executable,
         str(ROOT / "scripts" / "train.py"),
         "--steps",
-        "10",
+        str(STEPS),
         "--batch-size",
         "32",
         "--seq-len",
         "32",
+        "--lr",
+        "3e-3",
         "--warmup-steps",
         "3",
+        "--eval-every",
+        "0",
         "--no-progress",
         "--metrics-file",
         str(out),
     ]
     argv += [f"--set=model.{k}={v}" for k, v in MODEL.items()]
-    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}  # --devices sets it
+    # --devices sets the device count; the backend optimisation level stays conftest's 0
+    env = dict(os.environ, XLA_FLAGS="--xla_backend_optimization_level=0")
     proc = subprocess.run(argv + list(flags), capture_output=True, text=True, env=env, timeout=600)
     assert proc.returncode == 0, proc.stderr[-2000:]
     records = [json.loads(line) for line in out.read_text().splitlines()]
@@ -69,9 +77,10 @@ def _cli_losses(tmp_path: Path, name: str, *flags: str) -> list[float]:
 
 
 @pytest.mark.slow
-def test_3d_on_sixteen_devices_composes_with_the_pipeline(tmp_path):
-    base = _cli_losses(tmp_path, "base", "--devices", "8", "--mesh", "data=8")
+def test_3d_on_sixteen_devices_composes_with_the_pipeline(tmp_path, data_parallel_losses):
+    """16 devices need a process of their own; the script's run is ``_cfg``'s, so its curve is
+    compared with the in-process ``data=8`` one (the script's own ``data=8`` run gives it)."""
     got = _cli_losses(
         tmp_path, "p3d", "--devices", "16", "--mesh", "pipe=2,tensor=8", "--tensor-mode", "3d"
     )
-    np.testing.assert_allclose(got, base, rtol=1e-4)
+    np.testing.assert_allclose(got, data_parallel_losses, rtol=1e-4)

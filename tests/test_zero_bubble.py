@@ -92,7 +92,9 @@ def test_cost_weighted_timing():
 
 
 # ---- numerics ---------------------------------------------------------------------------------
-def _cfg(steps: int = 10, batch_size: int = 32, model=None, **parallel) -> TrainConfig:
+def _cfg(steps: int = 5, batch_size: int = 32, model=None, **parallel) -> TrainConfig:
+    """As ``tests/test_pipeline.py``'s ``_cfg``: five steps (three of warm-up), no held-out
+    evaluation (the curves compare training losses; it would compile the pipeline again)."""
     run = {k: parallel.pop(k) for k in ("grad_accum", "remat") if k in parallel}
     return TrainConfig(
         model="gpt2-tiny",
@@ -101,6 +103,7 @@ def _cfg(steps: int = 10, batch_size: int = 32, model=None, **parallel) -> Train
         batch_size=batch_size,
         seq_len=32,
         devices=8,
+        eval_every=0,
         optim=OptimConfig(lr=3e-3, warmup_steps=3),
         parallel=ParallelConfig(**parallel),
         **run,

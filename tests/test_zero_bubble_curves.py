@@ -1,4 +1,4 @@
-"""Zero-bubble pipelines (ZB-H1, ZB-V) against data parallelism: 10-step loss curves with the
+"""Zero-bubble pipelines (ZB-H1, ZB-V) against data parallelism: loss curves with the
 tensor, sequence, ZeRO, accumulation and remat modes, BERT and LLaMA, and 3D tensor parallelism
 on 16 devices (all slow; the tick tables, one-step gradients and FLOPs are in
 ``tests/test_zero_bubble.py``, kept apart so the two files run on both test workers)."""
