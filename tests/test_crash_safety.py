@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import shutil
 from pathlib import Path
 
 import jax
@@ -77,7 +78,7 @@ def test_signal_exit_codes():
 
 def test_divergence_exits_3_and_keeps_only_finite_checkpoints(tmp_path, capsys):
     ckpt, metrics = tmp_path / "ck", tmp_path / "m.jsonl"
-    argv = SMALL + ["--steps", "30", "--lr", "1e4", "--checkpoint-every", "2"]
+    argv = SMALL + ["--steps", "30", "--lr", "1e4", "--checkpoint-every", "2", "--eval-every", "0"]
     argv += ["--checkpoint-dir", str(ckpt), "--metrics-file", str(metrics)]
     assert main(argv) == 3
     err = capsys.readouterr().err.strip().splitlines()
@@ -102,7 +103,9 @@ def test_divergence_exits_3_and_keeps_only_finite_checkpoints(tmp_path, capsys):
 
 
 def test_divergence_raises_in_the_api(tmp_path):
-    cfg = dataclasses.replace(tiny_config(steps=30, devices=4, data=4), checkpoint_dir=None)
+    cfg = dataclasses.replace(
+        tiny_config(steps=30, devices=4, data=4), checkpoint_dir=None, eval_every=0
+    )
     cfg = dataclasses.replace(cfg, optim=dataclasses.replace(cfg.optim, lr=1e4))
     with pytest.raises(Diverged) as e:
         _quiet(cfg)
@@ -117,11 +120,25 @@ def _truncate_largest(step_dir: Path) -> Path:
     return victim
 
 
+@pytest.fixture(scope="module")
+def saved_to_6(tmp_path_factory):
+    """One uninterrupted run with checkpoints at steps 2, 4 and 6 (no held-out loss: not what
+    is checked here), its losses and folder; each case damages a copy."""
+    path = tmp_path_factory.mktemp("saved_to_6")
+    cfg = dataclasses.replace(
+        tiny_config(steps=6, devices=8, data=8), eval_every=0, checkpoint_every=2
+    )
+    return cfg, _quiet(dataclasses.replace(cfg, checkpoint_dir=str(path))).losses, path
+
+
 @pytest.mark.parametrize("damage", ["truncate", "metadata"])
-def test_a_damaged_latest_checkpoint_is_skipped_with_a_warning(tmp_path, capsys, damage):
-    base = tiny_config(steps=6, devices=8, data=8)
-    cfg = dataclasses.replace(base, checkpoint_dir=str(tmp_path), checkpoint_every=2)
-    full = _quiet(cfg).losses
+def test_a_damaged_latest_checkpoint_is_skipped_with_a_warning(
+    saved_to_6, tmp_path, capsys, damage
+):
+    base, full, saved = saved_to_6
+    tmp_path = tmp_path / "ck"
+    shutil.copytree(saved, tmp_path)
+    cfg = dataclasses.replace(base, checkpoint_dir=str(tmp_path))
     if damage == "truncate":
         _truncate_largest(tmp_path / "6")
     else:
