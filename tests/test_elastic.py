@@ -44,7 +44,15 @@ def saved(tmp_path_factory):
     [
         (8, dict(data=2, tensor_row=4, tensor_mode="1d"), None, 1),
         (4, dict(data=4), 2, 2),
-        (8, dict(data=1, tensor_row=2, tensor_col=2, tensor_depth=2, tensor_mode="3d"), None, 1),
+        # the "3d device_batch=1" case below restores onto the same 3d cube (and accumulates
+        # on it): it covers this restore path; -m exhaustive runs this
+        pytest.param(
+            8,
+            dict(data=1, tensor_row=2, tensor_col=2, tensor_depth=2, tensor_mode="3d"),
+            None,
+            1,
+            marks=pytest.mark.exhaustive,
+        ),
         (8, dict(data=1, tensor_row=2, tensor_col=2, tensor_depth=2, tensor_mode="3d"), 1, 4),
     ],
     ids=[

@@ -188,9 +188,7 @@ def test_a_full_disk_is_one_error_line_and_keeps_what_was_committed(tmp_path, ca
     assert "resumed from" in capfd.readouterr().out
 
 
-def test_readers_fall_back_past_a_damaged_checkpoint_and_list_the_steps(
-    trained, tmp_path, capsys
-):
+def test_readers_fall_back_past_a_damaged_checkpoint_and_list_the_steps(trained, tmp_path, capsys):
     directory = _copy(trained, tmp_path)
     (directory / "4" / "state" / "_METADATA").write_bytes(os.urandom(64))
     sample = ["--checkpoint-dir", str(directory), "--prompt", "a", "--max-new-tokens", "2"]
@@ -227,10 +225,12 @@ def test_a_resumed_summary_reports_only_evaluations_the_metrics_file_holds(train
 
 @pytest.mark.slow
 def test_fault_loop_ends_every_round_in_one_line_and_loses_nothing():
-    """Acceptance 2 in small: three seeded rounds of ``scripts/fault_loop.py`` (20 by hand)."""
+    """Acceptance 2 in small: three seeded rounds of ``scripts/fault_loop.py`` (20 by hand),
+    its runs compiled at level 0 as the rest of the suite (tests/test_signals.py's ``_script``)."""
+    from tests.test_signals import _script
+
     out = subprocess.run(
-        [sys.executable, str(ROOT / "scripts" / "fault_loop.py"), "--rounds", "3", "--steps", "6",
-         "--seed", "2"],
+        _script("fault_loop.py", "--rounds", "3", "--steps", "6", "--seed", "2"),
         capture_output=True, text=True, timeout=900, env=crashlib.env(),
     )  # fmt: skip
     assert out.returncode == 0, out.stdout + out.stderr
