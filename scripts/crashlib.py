@@ -30,12 +30,20 @@ def command(steps: int, ckpt: Path, metrics: Path, every: int, *extra: str) -> l
     ]  # fmt: skip
 
 
+KEPT_XLA_FLAGS = ("--xla_backend_optimization_level=",)
+"""Inherited ``XLA_FLAGS`` that the runs keep: how hard XLA optimises (the test suite compiles
+at level 0), not the device count, which ``--devices`` sets."""
+
+
 def env() -> dict[str, str]:
-    """CPU, no inherited XLA_FLAGS (``--devices`` sets the device count); this checkout first
-    on the import path (an inherited PYTHONPATH after it)."""
+    """CPU, of the inherited XLA_FLAGS only :data:`KEPT_XLA_FLAGS` (``--devices`` sets the
+    device count); this checkout first on the import path (an inherited PYTHONPATH after it)."""
     path = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p)
     e = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=path)
-    e.pop("XLA_FLAGS", None)
+    flags = e.pop("XLA_FLAGS", "").split()
+    kept = [f for f in flags if f.startswith(KEPT_XLA_FLAGS)]
+    if kept:
+        e["XLA_FLAGS"] = " ".join(kept)
     return e
 
 

@@ -226,11 +226,10 @@ def test_a_resumed_summary_reports_only_evaluations_the_metrics_file_holds(train
 @pytest.mark.slow
 def test_fault_loop_ends_every_round_in_one_line_and_loses_nothing():
     """Acceptance 2 in small: three seeded rounds of ``scripts/fault_loop.py`` (20 by hand),
-    its runs compiled at level 0 as the rest of the suite (tests/test_signals.py's ``_script``)."""
-    from tests.test_signals import _script
-
+    its runs compiled at level 0 as the rest of the suite (``crashlib.env`` keeps the level)."""
+    loop = str(ROOT / "scripts" / "fault_loop.py")
     out = subprocess.run(
-        _script("fault_loop.py", "--rounds", "3", "--steps", "6", "--seed", "2"),
+        [sys.executable, loop, "--rounds", "3", "--steps", "6", "--seed", "2"],
         capture_output=True, text=True, timeout=900, env=crashlib.env(),
     )  # fmt: skip
     assert out.returncode == 0, out.stdout + out.stderr

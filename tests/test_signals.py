@@ -3,9 +3,8 @@ at the step reached, and a re-run that continues the exact loss sequence; at ran
 run dies by a signal or prints a traceback; SIGKILL loops lose nothing (subprocesses, slow).
 
 Every run here compiles at conftest's ``--xla_backend_optimization_level=0`` (about 2/3 of a
-compile's CPU time): :func:`_env` for the runs started here, :func:`_script` for those the loop
-scripts start (``crashlib.env`` leaves the inherited ``XLA_FLAGS`` out). Losses are compared only
-between runs compiled alike."""
+compile's CPU time), which ``crashlib.env`` passes on to the runs it starts, the loop scripts'
+included. Losses are compared only between runs compiled alike."""
 
 from __future__ import annotations
 
@@ -25,37 +24,25 @@ import crashlib  # noqa: E402
 
 pytestmark = pytest.mark.slow
 STEPS = 24
-LEVEL0 = "--xla_backend_optimization_level=0"
-
-
-def _env() -> dict[str, str]:
-    return {**crashlib.env(), "XLA_FLAGS": LEVEL0}
 
 
 def _script(name: str, *args: str) -> list[str]:
-    """``python scripts/NAME ARGS`` with the runs it starts compiled at level 0 (its
-    ``crashlib.env`` adds ``XLA_FLAGS``); the script itself runs unchanged, as ``__main__``."""
-    path = str(ROOT / "scripts" / name)
-    code = (
-        "import runpy, sys; sys.path.insert(0, sys.argv[1]); import crashlib; plain = "
-        f"crashlib.env; crashlib.env = lambda: {{**plain(), 'XLA_FLAGS': {LEVEL0!r}}}; "
-        "sys.argv = sys.argv[2:]; runpy.run_path(sys.argv[0], run_name='__main__')"
-    )
-    return [sys.executable, "-c", code, str(ROOT / "scripts"), path, *args]
+    """``python scripts/NAME ARGS`` (the runs it starts get ``crashlib.env()``)."""
+    return [sys.executable, str(ROOT / "scripts" / name), *args]
 
 
 @pytest.fixture(scope="module")
 def reference(tmp_path_factory):
     workdir = tmp_path_factory.mktemp("ref")
     cmd = crashlib.command(STEPS, workdir / "ck", workdir / "m.jsonl", 4)
-    subprocess.run(cmd, env=_env(), check=True, capture_output=True, timeout=600)
+    subprocess.run(cmd, env=crashlib.env(), check=True, capture_output=True, timeout=600)
     return crashlib.losses(workdir / "m.jsonl")
 
 
 def _interrupt(cmd, metrics: Path, sig: signal.Signals, at: int, ckpt: Path) -> tuple[int, str]:
     """Run ``cmd``, send ``sig`` once step ``at`` is logged: the step it stopped at (checked:
     exit status, latency, one line, the checkpoint) and its standard output."""
-    proc = subprocess.Popen(cmd, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    proc = subprocess.Popen(cmd, env=crashlib.env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     deadline = time.monotonic() + 240
     while crashlib.last_step(metrics) < at and time.monotonic() < deadline:
         time.sleep(0.02)
@@ -89,7 +76,7 @@ def test_signal_mid_run_saves_exits_and_resumes_exactly(tmp_path, reference):
     first, _ = _interrupt(cmd, metrics, signal.SIGINT, 7, ckpt)
     second, out = _interrupt(cmd, metrics, signal.SIGTERM, first + 4, ckpt)
     assert f"resumed from {ckpt.resolve()} at step {first}" in out
-    out = subprocess.run(cmd, env=_env(), capture_output=True, text=True, timeout=300)
+    out = subprocess.run(cmd, env=crashlib.env(), capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr
     assert f"resumed from {ckpt.resolve()} at step {second}" in out.stdout
     assert crashlib.losses(metrics) == reference  # exact float equality
