@@ -5,8 +5,8 @@ The tests' programs are tiny: compiling them costs far more than running them, a
 optimisation of the generated CPU code is most of a compile. Level 0 (also in the environment of
 the scripts the tests start: the tests pass it on, and ``scripts/crashlib.py``'s ``env`` keeps
 it for the runs the loop scripts start) cut the ring and pipeline-composition tests from 118.5 s
-to 89.1 s; every comparison in the suite is between programs compiled alike. No persistent compilation
-cache: on the CPU backend a ring-attention step loaded from one deadlocks (see
+to 89.1 s; every comparison in the suite is between programs compiled alike. No persistent
+compilation cache: on the CPU backend a ring-attention step loaded from one deadlocks (see
 ``colossal_jax.runtime.compile_cache``).
 """
 
