@@ -17,9 +17,9 @@ import pytest
 from colossal_jax.checks.preflight import detect_cluster
 from colossal_jax.config import ConfigError
 from colossal_jax.runtime.watchdog import Beats, lost_line
+from tests.helpers import script_env
 
 ROOT = Path(__file__).resolve().parent.parent
-LEVEL0 = "--xla_backend_optimization_level=0"
 TRAIN = str(ROOT / "scripts" / "train.py")
 LAUNCH = str(ROOT / "scripts" / "launch_local.py")
 SMALL = [
@@ -144,13 +144,6 @@ def test_beats_name_the_silent_process():
     assert lost_line([1, 2], 20.5, "step 3").startswith("error: lost contact with processes 1, 2")
 
 
-def _env() -> dict[str, str]:
-    """CPU; ``--devices`` sets the device count, so conftest's count is left out, and its
-    ``--xla_backend_optimization_level=0`` kept: every run here is compiled alike, so the
-    comparisons between runs hold as before, each compile at about 2/3 of the CPU time."""
-    return dict(os.environ, JAX_PLATFORMS="cpu", XLA_FLAGS=LEVEL0)
-
-
 def _losses(path: Path) -> list[float]:
     return [r["loss"] for x in path.read_text().splitlines() if "loss" in (r := json.loads(x))]
 
@@ -162,7 +155,7 @@ def test_launch_local_rejects_its_own_mistakes():
         (["--devices-per-process", "2"], "--processes"),
     ):
         out = subprocess.run(
-            [sys.executable, LAUNCH, *argv], capture_output=True, text=True, env=_env()
+            [sys.executable, LAUNCH, *argv], capture_output=True, text=True, env=script_env()
         )
         assert out.returncode == 2, out
         lines = out.stderr.strip().splitlines()
@@ -194,7 +187,7 @@ def test_lost_peer_ends_the_survivor_with_one_line(tmp_path):
         subprocess.Popen(
             [sys.executable, *common, "--process-id", str(i)]
             + (["--metrics-file", str(metrics)] if i == 0 else []),
-            env=_env(),
+            env=script_env(),
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
@@ -231,7 +224,7 @@ def _launch(processes: int, per: int, ckpt: Path, metrics: Path) -> list[str]:
         [sys.executable, LAUNCH, "--processes", str(processes), "--devices-per-process",
          str(per), "--", "--steps", "14", *SMALL, "--checkpoint-dir", str(ckpt),
          "--checkpoint-every", "10", "--metrics-file", str(metrics)],
-        env=_env(), capture_output=True, text=True, timeout=400,
+        env=script_env(), capture_output=True, text=True, timeout=400,
     )  # fmt: skip
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     return out.stdout.splitlines()
@@ -257,7 +250,7 @@ def test_launch_local_trains_like_one_process_and_resumes_elsewhere(tmp_path):
     subprocess.run(
         [sys.executable, TRAIN, "--devices", "8", "--steps", "14", *SMALL,
          "--metrics-file", str(metrics)],
-        check=True, env=_env(), capture_output=True, timeout=300,
+        check=True, env=script_env(), capture_output=True, timeout=300,
     )  # fmt: skip
     one = _losses(metrics)
     assert len(one) == 14
@@ -289,7 +282,7 @@ def test_sigterm_to_one_process_stops_both_at_the_same_step(tmp_path):
         subprocess.Popen(
             [sys.executable, *common, "--process-id", str(i)]
             + (["--metrics-file", str(metrics)] if i == 0 else []),
-            env=_env(),
+            env=script_env(),
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,

@@ -1,13 +1,14 @@
 """Two processes on loopback (gloo CPU collectives) train like one process with the same mesh."""
 
 import json
-import os
 import socket
 import subprocess
 import sys
 from pathlib import Path
 
 import numpy as np
+
+from tests.helpers import script_env
 
 ROOT = Path(__file__).resolve().parent.parent
 ARGS = [
@@ -35,19 +36,13 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _env():
-    # conftest's device count left out (--devices sets it), its optimisation level 0 kept: both
-    # runs compiled alike, each compile at about 2/3 of the CPU time
-    return dict(os.environ, JAX_PLATFORMS="cpu", XLA_FLAGS="--xla_backend_optimization_level=0")
-
-
 def test_two_processes_match_one(tmp_path):
     script = str(ROOT / "scripts" / "train.py")
     one = tmp_path / "one.jsonl"
     subprocess.run(
         [sys.executable, script, "--devices", "4", *ARGS, "--metrics-file", str(one)],
         check=True,
-        env=_env(),
+        env=script_env(),
         capture_output=True,
         timeout=300,
     )
@@ -70,7 +65,7 @@ def test_two_processes_match_one(tmp_path):
                 "--process-id",
                 str(i),
             ],
-            env=_env(),
+            env=script_env(),
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             text=True,

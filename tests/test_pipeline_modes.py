@@ -6,7 +6,6 @@ tests."""
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -14,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tests.helpers import losses
+from tests.helpers import losses, script_env
 from tests.test_pipeline import MODEL, ROOT, STEPS, _cfg
 
 
@@ -68,8 +67,7 @@ def _cli_losses(tmp_path: Path, name: str, *flags: str) -> list[float]:
         str(out),
     ]
     argv += [f"--set=model.{k}={v}" for k, v in MODEL.items()]
-    # --devices sets the device count; the backend optimisation level stays conftest's 0
-    env = dict(os.environ, XLA_FLAGS="--xla_backend_optimization_level=0")
+    env = script_env()
     proc = subprocess.run(argv + list(flags), capture_output=True, text=True, env=env, timeout=600)
     assert proc.returncode == 0, proc.stderr[-2000:]
     records = [json.loads(line) for line in out.read_text().splitlines()]

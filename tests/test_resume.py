@@ -2,12 +2,13 @@
 bit, the per-step losses of an uninterrupted run (same command, same mesh)."""
 
 import json
-import os
 import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
+
+from tests.helpers import script_env
 
 ROOT = Path(__file__).resolve().parent.parent
 ARGS = [
@@ -45,12 +46,6 @@ def _cmd(ckpt: Path, metrics: Path) -> list[str]:
     ]
 
 
-def _env():
-    # the flags of conftest but its device count (--devices sets it): the three runs compile
-    # alike, at the tests' cheap XLA optimisation level
-    return dict(os.environ, JAX_PLATFORMS="cpu", XLA_FLAGS="--xla_backend_optimization_level=0")
-
-
 def _losses(path: Path) -> list[tuple[int, float]]:
     records = map(json.loads, path.read_text().splitlines())
     return [(r["step"], r["loss"]) for r in records if "loss" in r]  # not eval-only records
@@ -61,7 +56,7 @@ def test_sigkill_and_resume_reproduce_losses_bitwise(tmp_path):
     subprocess.run(
         _cmd(tmp_path / "full", full_metrics),
         check=True,
-        env=_env(),
+        env=script_env(),
         capture_output=True,
         timeout=300,
     )
@@ -69,7 +64,7 @@ def test_sigkill_and_resume_reproduce_losses_bitwise(tmp_path):
     metrics = tmp_path / "killed.jsonl"
     proc = subprocess.Popen(
         _cmd(tmp_path / "ck", metrics),
-        env=_env(),
+        env=script_env(),
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )
@@ -86,7 +81,7 @@ def test_sigkill_and_resume_reproduce_losses_bitwise(tmp_path):
     out = subprocess.run(
         _cmd(tmp_path / "ck", metrics),
         check=True,
-        env=_env(),
+        env=script_env(),
         capture_output=True,
         text=True,
         timeout=300,
