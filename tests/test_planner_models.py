@@ -98,15 +98,15 @@ def test_ring_blocks_are_compiled_once_then_read_from_disk(tmp_path, monkeypatch
     model = model_config("gpt2-tiny", **{**SMALL, "n_embd": 96})
     layer_memory.ring_blocks.cache_clear()
     first = layer_memory.ring_blocks(model, 2)
-    # scores, probabilities, their gradients and the hop's carried blocks: more than XLA's
-    # reference attention's working set holds, and a handful at most
-    assert layer_memory.working(model, 32).scores < first < 12
+    # scores, probabilities, their gradients and the hop's carried blocks inside the layer
+    # stack: at least one hop's block, a handful at most
+    assert 1 <= first < 12
     layer_memory.ring_blocks.cache_clear()
 
     def no_compile(*_a, **_k):
         raise AssertionError("compiled again instead of reading the cache")
 
-    monkeypatch.setattr(layer_memory, "_kernel_temp", no_compile)
+    monkeypatch.setattr(layer_memory, "_ring_stack_temp", no_compile)
     assert layer_memory.ring_blocks(model, 2) == first
 
 

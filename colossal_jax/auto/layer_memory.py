@@ -20,12 +20,15 @@ CPU device (the working set of one layer's backward). The memory model
   length, kept on disk (:class:`colossal_jax.auto.cache.Cache`, kind ``layer``).
 - **Ring blocks** (:func:`ring_blocks`): the score blocks ring attention's forward and backward
   hold at once (:mod:`colossal_jax.sequence.ring`: a block's scores, probabilities and their
-  gradients, with grouped-query attention their regrouped copies), from two compiles of the
-  kernel alone with the family's heads, key/value heads and head size, over a sequence axis
-  of 2 devices for a 2-way split and of 4 for any wider one (a 2-hop ring's loop compiles to
-  more live blocks than a longer one's; 4 and 8 devices give the same count): 4.0 / 2.52
-  blocks for the GPT, 7.0 / 5.0 for llama-tiny (whose 16 query heads share 8 key/value heads),
-  where XLA's reference attention holds 2.5 and 4.5. Kept on disk beside the working set.
+  gradients, with grouped-query attention their regrouped copies) inside the layer stack's
+  backward, where XLA shares the kernel's buffers with the layer's other transients: from two
+  compiles of the :data:`STACK`-layer stack under ring attention, per device inside a
+  ``shard_map`` as a training step runs it, over a sequence axis of 2 devices for a 2-way split
+  and of 4 for any wider one (a 2-hop ring's loop compiles to more live blocks than a longer
+  one's; 4 and 8 devices give the same count): 2.06 / 1.05 blocks for the GPT, 6.03 / 5.02 for
+  llama-tiny (whose 16 query heads share 8 key/value heads). Until 2026-11-29 the kernel was
+  compiled alone (4.0 / 2.52 and 7.0 / 5.0), which put llama-tiny's ``seq=2`` plans up to 11.5%
+  over their compiled memory. Kept on disk beside the working set.
 - **Ring self-attention's rows** (:func:`rsa_rows`): the score rows ring self-attention holds
   beyond XLA's reference attention, from compiles of the two kernels alone at the plan's
   sequence length and ring (up to 8 devices), kept on disk beside the working set.
@@ -240,8 +243,10 @@ def _key(model: Any, seq_len: int, what: str = "working") -> str:
 
 
 RING_SHAPES = ((4, 128), (8, 64))
-"""``(batch, tokens per device)`` of the two compiles of :func:`ring_blocks` (the same tokens:
-the score blocks differ twofold, the per-token buffers not)."""
+"""``(batch, tokens per device)`` of the two compiles of :func:`ring_blocks`: the same tokens, so
+the per-token buffers and the fixed ones (weights, their gradients) cancel, and score blocks
+differing twofold."""
+
 
 RING_HOPS = (2, 4)
 """Sequence-axis sizes :func:`ring_blocks` compiles the kernel on: 2, and 4 standing for every
@@ -256,10 +261,10 @@ def ring_hops(seq: int) -> int:
 @functools.lru_cache(maxsize=64)
 def ring_blocks(model: Any, seq: int) -> float | None:
     """Score blocks (``[b, heads, s_q, s_k]`` of one hop, fp32) that ring attention holds at its
-    peak for ``model``'s heads on a ``seq``-way ring, solved from two compiles of the kernel's
-    gradient on a sequence axis of :func:`ring_hops` devices (:func:`_solve_blocks`); None when
-    this process has fewer CPU devices than that (one device is a single hop, which XLA
-    simplifies). Read from the disk cache when it holds it."""
+    peak inside ``model``'s layer stack on a ``seq``-way ring, solved from two compiles of the
+    stack's gradient on a sequence axis of :func:`ring_hops` devices (:func:`_stack_blocks`);
+    None when this process has fewer CPU devices than that (one device is a single hop, which
+    XLA simplifies). Read from the disk cache when it holds it."""
     import jax
 
     from colossal_jax.auto.cache import Cache
@@ -272,7 +277,7 @@ def ring_blocks(model: Any, seq: int) -> float | None:
         return float(hit["blocks"])
     if len(jax.devices("cpu")) < hops:
         return None
-    blocks = _solve_blocks("ring", model, hops)
+    blocks = _stack_blocks(model, hops)
     cache.put(key, {"blocks": blocks}, {"model": repr(model), "kind": "ring", "hops": hops})
     return blocks
 
@@ -324,26 +329,54 @@ def rsa_rows(model: Any, seq_len: int, seq: int) -> float | None:
     return max(0.0, hit["rows"]) * seq / hops
 
 
-def _solve_blocks(kernel: str, model: Any, hops: int) -> float:
-    """Score blocks ``[b, heads, t, t]`` (fp32) that ``kernel``'s gradient holds at its peak,
-    ``t`` tokens on each of ``hops`` devices: its compiled temporaries at the two
-    :data:`RING_SHAPES` (the same tokens, blocks differing twofold) solved for
-    ``blocks·4·b·a·t² + per_token·4·b·t``."""
-    a = model.n_head
-    kv = getattr(model, "n_kv_head", None) or a
-    d = model.n_embd // a
-    rows, temps = [], []
-    for b, t in RING_SHAPES:
-        temps.append(_kernel_temp(kernel, b, t, (a, kv, d), hops))
-        rows.append((4.0 * b * a * t * t, 4.0 * b * t))
-    (b1, n1), (b2, n2) = rows
-    det = b1 * n2 - b2 * n1
-    return (temps[0] * n2 - temps[1] * n1) / det
+def _stack_blocks(model: Any, hops: int) -> float:
+    """Score blocks ``[b, heads, t, t]`` (fp32) that ring attention holds at the peak of the
+    :data:`STACK`-layer stack's gradient, ``t`` tokens on each of ``hops`` devices: the compiled
+    temporaries at the two :data:`RING_SHAPES` (the same tokens) differ by the blocks alone,
+    ``blocks·4·a·(b₁t₁² − b₂t₂²)``."""
+    (b1, t1), (b2, t2) = RING_SHAPES
+    temps = [_ring_stack_temp(model, b, t, hops) for b, t in RING_SHAPES]
+    return (temps[0] - temps[1]) / (4.0 * model.n_head * (b1 * t1 * t1 - b2 * t2 * t2))
+
+
+def _ring_stack_temp(model: Any, b: int, t: int, hops: int) -> float:
+    """Compiled temporary bytes per device of the gradient of :data:`STACK` layers of
+    ``model``'s stack (``remat=none``) under ring attention, ``b`` sequences of ``t`` tokens on
+    each of ``hops`` CPU devices, run per device inside a ``shard_map`` over the sequence axis
+    as a training step runs its layers (outside one, GSPMD gathers the layers' activations to
+    the whole sequence)."""
+    import jax
+    import jax.numpy as jnp
+    from jax.sharding import PartitionSpec as P
+
+    from colossal_jax.config import ParallelConfig
+    from colossal_jax.layers.context import use_parallelism
+    from colossal_jax.parallel.mesh import build_mesh
+    from colossal_jax.parallel.sharding import make_layout, make_local_attention
+
+    cfg = ParallelConfig(seq=hops, seq_mode="ring")
+    mesh = build_mesh(cfg, jax.devices("cpu")[:hops])
+    layout, attention = make_layout(cfg, mesh), make_local_attention(cfg)
+    f, params = _stack_fn(model, STACK, "none")
+
+    def per_device(p, x, positions):
+        with use_parallelism(layout, attention):
+            return jax.lax.psum(f(p, x, positions), "seq")
+
+    def loss(p, x, positions):
+        specs = (P(), P(None, "seq"), P(None, "seq"))
+        return jax.shard_map(per_device, mesh=mesh, in_specs=specs, out_specs=P())(p, x, positions)
+
+    x = jax.ShapeDtypeStruct((b, hops * t, model.n_embd), jnp.float32)
+    positions = jax.ShapeDtypeStruct((b, hops * t), jnp.int32)
+    lowered = jax.jit(jax.grad(loss, argnums=(0, 1))).lower(params, x, positions)
+    compiled = lowered.compile(compiler_options=ANALYSIS_ONLY)
+    return float(compiled.memory_analysis().temp_size_in_bytes)
 
 
 def _kernel_temp(kernel: str, b: int, t: int, heads: tuple[int, int, int], hops: int) -> float:
-    """Compiled temporary bytes of an attention kernel's gradient (``ring``: ring attention;
-    ``rsa``: ring self-attention; ``reference``: XLA's reference attention), ``t`` tokens on
+    """Compiled temporary bytes of an attention kernel's gradient alone (``rsa``: ring
+    self-attention; ``reference``: XLA's reference attention), ``t`` tokens on
     each of ``hops`` CPU devices; ``heads``: query heads, key/value heads, head size."""
     import jax
     import jax.numpy as jnp
@@ -352,7 +385,6 @@ def _kernel_temp(kernel: str, b: int, t: int, heads: tuple[int, int, int], hops:
     from jax.sharding import PartitionSpec as P
 
     from colossal_jax.sequence.local import dot_product_attention
-    from colossal_jax.sequence.ring import ring_attention
     from colossal_jax.sequence.ring_self_attention import ring_self_attention
 
     a, kv, d = heads
@@ -362,8 +394,7 @@ def _kernel_temp(kernel: str, b: int, t: int, heads: tuple[int, int, int], hops:
         if kernel == "reference":
             out = dot_product_attention(q, k, v, pos, pos)
         else:
-            fn = ring_attention if kernel == "ring" else ring_self_attention
-            out = fn(q, k, v, pos, pos, axis_name="seq")
+            out = ring_self_attention(q, k, v, pos, pos, axis_name="seq")
         return jax.lax.psum(jnp.sum(out * out), "seq")
 
     def loss(q, k, v, pos):
