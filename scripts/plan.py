@@ -19,6 +19,9 @@ conservative stand-in, not the GPU's figure: it runs XLA attention (the ``s × s
 cuDNN flash attention never holds) and reduces bf16 in fp32, so a plan it keeps should fit and
 one it drops might have fit. A request no plan
 fits exits 2 with one line naming the memory per device that would fit and the plan.
+``--measure K`` (``--device cpu``: this machine's simulated devices are the target) builds and
+times the K best-predicted plans (a warm-up step, the median of 3; cached on disk) and chooses
+the fastest measured: the model decides which plans lead, a measurement which of them wins.
 """
 
 from __future__ import annotations
@@ -83,6 +86,14 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
         metavar="K",
         help="compile plans in rank order until K fit the budget (compiled memory, "
         "on N simulated CPU devices); drop those over it",
+    )
+    p.add_argument(
+        "--measure",
+        type=int,
+        default=0,
+        metavar="K",
+        help="--device cpu: time the K best-predicted plans on the simulated devices (cached) "
+        "and choose the fastest measured",
     )
     p.add_argument(
         "--out",
@@ -200,6 +211,14 @@ def main(argv: list[str] | None = None) -> int:
             raise ConfigError(f"--devices {n} must be at least 1 (e.g. --devices 8)")
         if args.verify < 0:
             raise ConfigError(f"--verify {args.verify} must be 0 or more (e.g. --verify 2)")
+        if args.measure < 0:
+            raise ConfigError(f"--measure {args.measure} must be 0 or more (e.g. --measure 6)")
+        if args.measure and args.device != "cpu":
+            raise ConfigError(
+                f"--measure times plans on this machine's simulated CPU devices, not on "
+                f"{args.device}s: use it with --device cpu, or plan on the GPUs themselves "
+                "(colossal_jax.auto.choose.auto_plan(cfg, measure=K))"
+            )
         if args.top < 1:
             raise ConfigError(f"--top {args.top} must be at least 1 (e.g. --top 10)")
         if args.out:
@@ -212,9 +231,17 @@ def main(argv: list[str] | None = None) -> int:
         from colossal_jax.auto.layer_memory import RSA_MAX_HOPS
         from colossal_jax.runtime.devices import simulate_cpu_devices
 
-        simulate_cpu_devices(max(RSA_MAX_HOPS, n) if args.verify else RSA_MAX_HOPS, at_least=True)
+        on_n = args.verify or args.measure
+        simulate_cpu_devices(max(RSA_MAX_HOPS, n) if on_n else RSA_MAX_HOPS, at_least=True)
         _, result = plan_for(cfg, n, hw, budget, time_budget=args.time_budget)
         checks = verify(result, args.verify, n, budget) if args.verify else []
+        ranking = table(result, hw, n, args.top)
+        timed: list = []
+        if args.measure:
+            from colossal_jax.auto.timed import time_best
+
+            timed, lines = time_best(result, args.measure, budget)
+            checks += lines
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
@@ -222,13 +249,18 @@ def main(argv: list[str] | None = None) -> int:
         f"{cfg.model}: batch {cfg.batch_size} × seq {cfg.seq_len}, {cfg.precision}, on {n} "
         f"{hw.name} ({budget / GB:.2f} GB per device)"
     )
-    print("\n".join(table(result, hw, n, args.top) + checks + summary(result, hw)))
+    print("\n".join(ranking + checks + summary(result, hw, timed)))
     if args.out:
         header = (
             f"planned by scripts/plan.py for --model {cfg.model} --batch-size {cfg.batch_size} "
             f"--seq-len {cfg.seq_len} on {n} {hw.name}\n"
             f"predicted {result.best.prediction.step_s * 1e3:.1f} ms per step, "
             f"{result.best.prediction.memory_bytes / GB:.2f} GB per device"
+            + "".join(
+                f"; measured {t.seconds * 1e3:.1f} ms per step on {n} simulated CPU devices"
+                for t in timed
+                if t.ranked is result.best and t.seconds is not None
+            )
         )
         out = Path(args.out)
         try:

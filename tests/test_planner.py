@@ -206,6 +206,8 @@ CARELESS = [
     ("plan", ["--set", "model.nlayer=3"], "did you mean 'n_layer'"),
     ("plan", ["--set", "n_layer"], "is not FIELD=VALUE"),
     ("plan", ["--top", "0"], "--top 0 must be at least 1"),
+    ("plan", ["--measure", "-1"], "--measure -1 must be 0 or more"),
+    ("plan", ["--measure", "2", "--device", "h100"], "--measure times plans on this machine's"),
     ("plan", ["--out", "{tmp}"], "is a directory; name a file, e.g. --out"),
     ("plan", ["--out", "{text}/x.toml"], "is a file, not a directory"),
     ("sweep_meshes", ["--json", "{text}/x.json"], "is a file, not a directory"),

@@ -93,32 +93,27 @@ def test_working_set_is_compiled_once_then_read_from_disk(tmp_path, monkeypatch)
     assert layer_memory.working(model, 32) == first
 
 
-def test_ring_blocks_are_compiled_once_then_read_from_disk(tmp_path, monkeypatch):
-    monkeypatch.setenv("COLOSSAL_JAX_CACHE", str(tmp_path))
-    model = model_config("gpt2-tiny", **{**SMALL, "n_embd": 96})
-    layer_memory.ring_blocks.cache_clear()
-    first = layer_memory.ring_blocks(model, 2)
-    # scores, probabilities, their gradients and the hop's carried blocks inside the layer
-    # stack: at least one hop's block, a handful at most
-    assert 1 <= first < 12
-    layer_memory.ring_blocks.cache_clear()
-
-    def no_compile(*_a, **_k):
-        raise AssertionError("compiled again instead of reading the cache")
-
-    monkeypatch.setattr(layer_memory, "_ring_stack_temp", no_compile)
-    assert layer_memory.ring_blocks(model, 2) == first
-
-
-def test_a_longer_ring_is_costed_by_its_own_loop(tmp_path, monkeypatch):
+def test_ring_blocks_are_compiled_once_by_ring_length_then_read_from_disk(tmp_path, monkeypatch):
     # a 2-hop ring's loop holds more blocks at once than a 4-hop one's; 8 hops compile like 4
     monkeypatch.setenv("COLOSSAL_JAX_CACHE", str(tmp_path))
     assert [layer_memory.ring_hops(s) for s in (2, 4, 8)] == [2, 4, 4]
     model = model_config("gpt2-tiny", **{**SMALL, "n_embd": 96})
     layer_memory.ring_blocks.cache_clear()
     two, four = layer_memory.ring_blocks(model, 2), layer_memory.ring_blocks(model, 4)
-    assert 1 <= four < two
+    # scores, probabilities, their gradients and the hop's carried blocks inside the layer
+    # stack: at least one hop's block, a handful at most
+    assert 1 <= four < two < 12
+    layer_memory.ring_blocks.cache_clear()
+
+    def no_compile(*_a, **_k):
+        raise AssertionError("compiled again instead of reading the cache")
+
+    monkeypatch.setattr(layer_memory, "_ring_stack_temp", no_compile)
+    assert layer_memory.ring_blocks(model, 2) == two
     assert layer_memory.ring_blocks(model, 8) == four
+
+
+def test_the_working_set_holds_the_plans_own_ring_blocks(monkeypatch):
     asked: list[int] = []
 
     def blocks_of(count: float):

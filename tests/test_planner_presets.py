@@ -18,13 +18,28 @@ from tests.test_planner import _cfg, _script
 
 
 def test_written_preset_trains_unchanged(tmp_path, capsys):
+    """The preset of the plan chosen by timing the model's first (``--measure 1``: really
+    built, run and timed, then read from the disk cache) trains unchanged."""
     out = tmp_path / "plan.toml"
     plan_py = _script("plan")
     # the default run's batch and sequence: --mesh auto's search below reads its compiles
-    argv = ["--devices", "8", "--batch-size", "16", "--seq-len", "128", "--out", str(out)]
-    assert plan_py.main(argv) == 0
+    argv = ["--devices", "8", "--batch-size", "16", "--seq-len", "128", "--measure", "1"]
+    assert plan_py.main([*argv, "--out", str(out)]) == 0
+    first = capsys.readouterr().out
+    assert "timed the best-predicted plan on" in first and "paired with the first" in first
+    timed = [x for x in first.splitlines() if x.startswith("   1 ") and "ms  measured" in x]
+    chosen = next(x for x in first.splitlines() if x.startswith("planned: "))
+    assert len(timed) == 1 and ", measured " in chosen
     text = out.read_text()
     assert "[mesh]" in text and "[train]" in text
+    assert "measured" in text.splitlines()[1]  # the preset's header says it
+    t0 = time.perf_counter()
+    assert plan_py.main(argv) == 0
+    assert time.perf_counter() - t0 < 10
+    again = capsys.readouterr().out
+    assert "1 from the cache" in again
+    planned = next(x for x in again.splitlines() if x.startswith("planned: "))
+    assert planned.split(";")[0] == chosen.split(";")[0]  # the same plan and times
     sizes = parse_mesh(str(out), 8)
     assert sizes["data"] * sizes.get("pipe", 1) * sizes.get("seq", 1) >= 1
     code = main(

@@ -12,11 +12,12 @@ memory shared by the simulated devices).
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 from colossal_jax.auto import hardware
 from colossal_jax.auto.hardware import Hardware
 from colossal_jax.auto.search import Ranked, SearchResult, every_knob, plan_for, why_lost
+from colossal_jax.auto.timed import Timed, time_best
 from colossal_jax.checks.resolve import bind
 from colossal_jax.config.plan import Devices, Plan
 from colossal_jax.config.schema import TrainConfig
@@ -48,17 +49,26 @@ def budget_of(hw: Hardware, n: int) -> float:
     return hw.memory_bytes / n if hw.shared else hw.memory_bytes * hardware.USABLE_MEMORY
 
 
-def summary(result: SearchResult, hw: Hardware) -> list[str]:
-    """Lines saying the chosen plan, its prediction and why the runner-up lost."""
+def summary(result: SearchResult, hw: Hardware, timed: Sequence[Timed] = ()) -> list[str]:
+    """Lines saying the chosen plan, its prediction and why the runner-up lost (with ``timed``,
+    :func:`colossal_jax.auto.timed.time_best`'s candidates: by how much it measured slower)."""
     best = result.best
     p = best.prediction
+    seconds = {id(t.ranked): t.seconds for t in timed if t.seconds is not None}
+    measured = f", measured {seconds[id(best)] * 1e3:.1f} ms" if id(best) in seconds else ""
     lines = [
-        f"planned: {best.name}: predicted {p.step_s * 1e3:.1f} ms per step, "
+        f"planned: {best.name}: predicted {p.step_s * 1e3:.1f} ms per step{measured}, "
         f"{p.memory_bytes / 1e9:.2f} GB per device ({hw.name}); {len(result.ranked)} plans "
         f"fit of {result.layouts} layouts searched in {result.seconds:.1f} s"
     ]
     if len(result.ranked) > 1:
-        lines.append(f"runner-up: {result.ranked[1].name}: {why_lost(best, result.ranked[1])}")
+        second = result.ranked[1]
+        if id(best) in seconds and id(second) in seconds:
+            gap = seconds[id(second)] - seconds[id(best)]
+            why = f"+{gap * 1e3:.1f} ms per step measured"
+        else:
+            why = why_lost(best, second)
+        lines.append(f"runner-up: {second.name}: {why}")
     if result.stopped_early:
         lines.append("the time budget ended the search early: this is the best found so far")
     return lines
@@ -70,10 +80,13 @@ def auto_plan(
     *,
     time_budget: float | None = DEFAULT_TIME_BUDGET,
     log: Callable[[str], None] | None = print,
+    measure: int = 0,
 ) -> Plan:
     """The plan the planner chooses for ``cfg`` (its model, batch, sequence and training fields;
     its mesh, modes and memory knobs are replaced) on ``devices`` (default: the devices JAX
-    has), bound to them; the chosen plan and why are passed to ``log``. Raises
+    has), bound to them; the chosen plan and why are passed to ``log``. ``measure``: time that
+    many best-predicted plans on ``devices`` and take the fastest measured
+    (:func:`colossal_jax.auto.timed.time_best`). Raises
     :class:`~colossal_jax.config.errors.ConfigError` when no plan fits."""
     if devices is None:
         from colossal_jax.runtime.devices import current_devices
@@ -84,8 +97,12 @@ def auto_plan(
     budget = budget_of(hw, n)
     _, result = plan_for(cfg, n, hw, budget, time_budget=time_budget)
     checks = verify_on(result, devices, budget, hw)
+    timed: list[Timed] = []
+    if measure:
+        timed, lines = time_best(result, measure, budget, devices=devices)
+        checks += lines
     if log is not None:
-        for line in summary(result, hw) + checks:
+        for line in summary(result, hw, timed) + checks:
             log(line)
     return bind(result.best.plan, devices)
 
