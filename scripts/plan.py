@@ -36,6 +36,7 @@ from colossal_jax.auto import hardware, memory
 from colossal_jax.auto.choose import budget_of, preset_text, summary
 from colossal_jax.auto.hardware import DEVICES
 from colossal_jax.auto.search import GB, Ranked, SearchResult, plan_for, why_lost
+from colossal_jax.auto.timed import Timed, time_best
 from colossal_jax.checks.preflight import check_writable_file
 from colossal_jax.cli.configure import model_overrides
 from colossal_jax.config import ConfigError, TrainConfig
@@ -236,10 +237,8 @@ def main(argv: list[str] | None = None) -> int:
         _, result = plan_for(cfg, n, hw, budget, time_budget=args.time_budget)
         checks = verify(result, args.verify, n, budget) if args.verify else []
         ranking = table(result, hw, n, args.top)
-        timed: list = []
+        timed: list[Timed] = []
         if args.measure:
-            from colossal_jax.auto.timed import time_best
-
             timed, lines = time_best(result, args.measure, budget)
             checks += lines
     except ConfigError as e:

@@ -12,9 +12,10 @@ compilation cache: on the CPU backend a ring-attention step loaded from one dead
 
 import os
 
+from tests.helpers import LEVEL0  # JAX-free: nothing has imported JAX yet
+
 os.environ["XLA_FLAGS"] = (
-    os.environ.get("XLA_FLAGS", "")
-    + " --xla_force_host_platform_device_count=8 --xla_backend_optimization_level=0"
+    os.environ.get("XLA_FLAGS", "") + f" --xla_force_host_platform_device_count=8 {LEVEL0}"
 ).strip()
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 

@@ -15,7 +15,8 @@ it serves a search for those devices (the simulated CPU devices of ``scripts/pla
 cpu``, or a run's own GPUs through :func:`colossal_jax.auto.choose.auto_plan`), not a cluster
 planned from here.
 
-Cost: ``k`` builds and compiles plus ``(steps + 1)·k`` steps and ``2k`` reference steps.
+Cost: ``k`` builds and compiles plus ``(steps + 1)·k`` steps, and when paired
+:data:`~colossal_jax.auto.sweep.REFERENCE_STEPS` reference steps before and after each plan.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from typing import TYPE_CHECKING
 
 from colossal_jax.auto.search import GB, Ranked, SearchResult
 from colossal_jax.config.errors import ConfigError
-from colossal_jax.config.plan import Devices, Plan
+from colossal_jax.config.plan import Devices
 
 if TYPE_CHECKING:
     from colossal_jax.auto.sweep import Row
@@ -75,7 +76,7 @@ def time_best(
         raise ConfigError(f"steps={steps} must be at least 1 to time a plan (e.g. 3)")
     leading = list(result.ranked[:k])
     rows = [
-        sweep.Row(r.name, r if devices is None else _bound(r, bind(r.plan, devices)), i == 0)
+        sweep.Row(r.name, r if devices is None else replace(r, plan=bind(r.plan, devices)), i == 0)
         for i, r in enumerate(leading)
     ]
     paired = all(row.ranked.plan.devices.platform == "cpu" for row in rows)
@@ -90,10 +91,6 @@ def time_best(
         )
     result.ranked[:] = [t.ranked for t in ran] + list(result.ranked[k:])
     return timed, report(timed, ran[0], steps, paired)
-
-
-def _bound(ranked: Ranked, plan: Plan) -> Ranked:
-    return replace(ranked, plan=plan)
 
 
 def _timed(ranked: Ranked, rank: int, row: Row, budget: float) -> Timed:
