@@ -19,9 +19,12 @@ conservative stand-in, not the GPU's figure: it runs XLA attention (the ``s × s
 cuDNN flash attention never holds) and reduces bf16 in fp32, so a plan it keeps should fit and
 one it drops might have fit. A request no plan
 fits exits 2 with one line naming the memory per device that would fit and the plan.
-``--measure K`` (``--device cpu``: this machine's simulated devices are the target) builds and
-times the K best-predicted plans (a warm-up step, the median of 3; cached on disk) and chooses
-the fastest measured: the model decides which plans lead, a measurement which of them wins.
+On ``--device cpu`` (this machine's simulated devices are the target) it then builds and times
+the 3 best-predicted plans (``--measure K`` for another count, 0 for none; a warm-up step, the
+median of 3, paired with the first as the reference; cached on disk) and chooses the fastest
+measured: the model decides which plans lead, a measurement which of them wins (the model's
+error on these devices is larger than the gaps between its leading plans, docs/planner.md).
+``--time-budget`` covers the search and the timing together.
 """
 
 from __future__ import annotations
@@ -30,13 +33,14 @@ import argparse
 import dataclasses
 import os
 import sys
+import time
 from pathlib import Path
 
 from colossal_jax.auto import hardware, memory
 from colossal_jax.auto.choose import budget_of, preset_text, summary
 from colossal_jax.auto.hardware import DEVICES
 from colossal_jax.auto.search import GB, Ranked, SearchResult, plan_for, why_lost
-from colossal_jax.auto.timed import Timed, time_best
+from colossal_jax.auto.timed import LEADING, Timed, time_best
 from colossal_jax.checks.preflight import check_writable_file
 from colossal_jax.cli.configure import model_overrides
 from colossal_jax.config import ConfigError, TrainConfig
@@ -91,10 +95,10 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument(
         "--measure",
         type=int,
-        default=0,
+        default=None,
         metavar="K",
         help="--device cpu: time the K best-predicted plans on the simulated devices (cached) "
-        "and choose the fastest measured",
+        f"and choose the fastest measured (default {LEADING}; 0: the model alone)",
     )
     p.add_argument(
         "--out",
@@ -212,6 +216,8 @@ def main(argv: list[str] | None = None) -> int:
             raise ConfigError(f"--devices {n} must be at least 1 (e.g. --devices 8)")
         if args.verify < 0:
             raise ConfigError(f"--verify {args.verify} must be 0 or more (e.g. --verify 2)")
+        if args.measure is None:
+            args.measure = LEADING if args.device == "cpu" else 0
         if args.measure < 0:
             raise ConfigError(f"--measure {args.measure} must be 0 or more (e.g. --measure 6)")
         if args.measure and args.device != "cpu":
@@ -234,12 +240,16 @@ def main(argv: list[str] | None = None) -> int:
 
         on_n = args.verify or args.measure
         simulate_cpu_devices(max(RSA_MAX_HOPS, n) if on_n else RSA_MAX_HOPS, at_least=True)
+        start = time.perf_counter()
         _, result = plan_for(cfg, n, hw, budget, time_budget=args.time_budget)
         checks = verify(result, args.verify, n, budget) if args.verify else []
         ranking = table(result, hw, n, args.top)
         timed: list[Timed] = []
         if args.measure:
-            timed, lines = time_best(result, args.measure, budget)
+            left = None
+            if args.time_budget is not None:
+                left = args.time_budget - (time.perf_counter() - start)
+            timed, lines = time_best(result, args.measure, budget, time_budget=left)
             checks += lines
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)

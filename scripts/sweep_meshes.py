@@ -2,7 +2,8 @@
 """Every plan the planner ranks for a model on N simulated CPU devices, compiled and (with
 --steps) run, beside its prediction: a table, JSON and a PNG of predicted against measured step
 time and memory, with the Spearman correlation, the largest memory error and the regret of the
-planner's choice (colossal_jax/auto/sweep.py says what each is).
+planner's choice, by the model alone and by timing the model's first three as scripts/plan.py
+--device cpu does (colossal_jax/auto/sweep.py says what each is).
 
 Results are cached on disk (colossal_jax/auto/cache.py), so an interrupted sweep resumes where it
 stopped and a finished one reprints at once.
@@ -238,6 +239,7 @@ def measure(rows: list, args: argparse.Namespace) -> bool:
 def write(rows: list, summary: dict, args: argparse.Namespace, argv: list[str] | None) -> None:
     """The JSON and the PNG asked for."""
     from colossal_jax.auto import sweep_report
+    from colossal_jax.auto.timed import LEADING
 
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
@@ -257,6 +259,8 @@ def write(rows: list, summary: dict, args: argparse.Namespace, argv: list[str] |
             title += f", Spearman {sp:.2f}"
         if regret is not None:
             title += f", regret {regret * 100:.0f}%"
+        if summary.get("regret_timed") is not None:
+            title += f" ({summary['regret_timed'] * 100:.0f}% timing the first {LEADING})"
         sweep_report.plot(rows, str(args.png), title)
         print(f"wrote {args.png}")
 

@@ -181,6 +181,29 @@ def test_rounds_keep_each_plans_median_round_and_report_the_first_round_beside(s
     assert [r.rounds for r in back] == [r.rounds for r in rows]
 
 
+def test_the_timed_choice_is_the_fastest_measured_of_the_first_three_predicted(swept):
+    base = swept[2][0]
+    # predicted 1..5 s in order; measured: the model's first 2.0 s, its third 1.5 s, the
+    # fifth (never timed by plan.py) the sweep's best at 1.2 s
+    times = [(1.0, 2.0), (2.0, 1.8), (3.0, 1.5), (4.0, 1.6), (5.0, 1.2)]
+    rows = [
+        dataclasses.replace(
+            base,
+            name=f"p{i}",
+            chosen=i == 0,
+            ranked=dataclasses.replace(
+                base.ranked, prediction=dataclasses.replace(base.ranked.prediction, step_s=p)
+            ),
+            normalized_s=m,
+        )
+        for i, (p, m) in enumerate(times)
+    ]
+    summary = sweep.summarize(rows[::-1])  # the order of the rows does not matter
+    assert summary["best"] == "p4" and summary["regret"] == pytest.approx(2.0 / 1.2 - 1)
+    assert summary["timed_choice"] == "p2"
+    assert summary["regret_timed"] == pytest.approx(1.5 / 1.2 - 1)
+
+
 def test_a_sweep_json_is_read_back_and_predicted_again(swept):
     cfg, hw, rows, _ = swept
     doc = json.loads(json.dumps({"rows": [r.to_json() for r in rows]}))

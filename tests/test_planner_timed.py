@@ -12,9 +12,9 @@ from colossal_jax.auto import hardware, measure, sweep
 from colossal_jax.auto.choose import summary
 from colossal_jax.auto.measure import Compiled
 from colossal_jax.auto.search import search
-from colossal_jax.auto.timed import time_best
+from colossal_jax.auto.timed import NONE_TIMED, UNTIMED, time_best
 from colossal_jax.config import ConfigError
-from tests.test_planner import _cfg
+from tests.test_planner import _cfg, _script
 
 
 def _result():
@@ -70,13 +70,58 @@ def test_a_timed_plan_compiled_over_the_budget_is_never_chosen(monkeypatch):
         timed[0].seconds is None and "compiled over the budget (5.00 GB), not counted" in lines[1]
     )
     assert "failed: XlaRuntimeError: out of memory" in lines[3]
-    assert "the model's first compiled over the budget" in lines[-1]
+    assert "the model's first: compiled over the budget" in lines[-1]
     result = _result()
     _fake(monkeypatch, seconds, {names[0]: 5e9, names[1]: 5e9})
     with pytest.raises(ConfigError, match="none of the best 3 plans ran within the budget"):
         time_best(result, 3, budget=1e9)
     with pytest.raises(ConfigError, match="--measure 0 must be at least 1"):
         time_best(result, 0, budget=1e9)
+
+
+def test_a_time_budget_that_ends_keeps_the_untimed_plans_in_model_order(monkeypatch):
+    result = _result()
+    names = [r.name for r in result.ranked]
+    budgets: list = []
+
+    def first_only(rows, steps, cache=None, paired=False, time_budget=None, **_):
+        budgets.append(time_budget)  # the budget ran out after the first plan
+        rows[0].compiled = Compiled(0, 0, 0, 0, 0, 1e6, {}, 0.1)
+        rows[0].step_s = rows[0].normalized_s = 0.5
+        return False
+
+    monkeypatch.setattr(sweep, "run_sweep", first_only)
+    timed, lines = time_best(result, 3, budget=1e9, time_budget=7.0)
+    assert budgets == [7.0] and [r.name for r in result.ranked] == names
+    assert [t.why_not for t in timed] == [None, UNTIMED, UNTIMED]
+    assert lines[-1].endswith("also the model's first)") and UNTIMED in lines[2]
+    timed, lines = time_best(result, 3, budget=1e9, time_budget=0.0)  # none left: no timing
+    assert timed == [] and lines == [NONE_TIMED] and budgets == [7.0]
+
+
+@pytest.mark.parametrize(
+    ("device", "argv", "k"),
+    [
+        ("cpu", [], 3),
+        ("h100", [], 0),
+        ("cpu", ["--measure", "0"], 0),
+        ("cpu", ["--measure", "5"], 5),
+    ],
+)
+def test_plan_py_times_three_on_the_cpu_devices_unless_told(monkeypatch, capsys, device, argv, k):
+    plan_py = _script("plan")
+    asked: list = []
+
+    def fake(result, k, budget, time_budget=None, **_):
+        asked.append((k, time_budget))
+        return [], ["timed (stand-in)"]
+
+    monkeypatch.setattr(plan_py, "time_best", fake)
+    base = ["--devices", "8", "--batch-size", "8", "--seq-len", "32", "--device", device]
+    assert plan_py.main([*base, *argv, "--time-budget", "60"]) == 0
+    assert [a[0] for a in asked] == ([k] if k else [])
+    if k:  # the search's seconds come off the budget the timing gets
+        assert 0 < asked[0][1] < 60 and "timed (stand-in)" in capsys.readouterr().out
 
 
 def test_auto_plan_with_measure_times_on_the_run_devices_and_logs_the_choice(monkeypatch):

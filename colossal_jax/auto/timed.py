@@ -34,6 +34,18 @@ if TYPE_CHECKING:
 MEASURE_STEPS = 3
 """Timed steps per plan (their median; one warm-up step before them)."""
 
+LEADING = 3
+"""The leading plans ``scripts/plan.py --device cpu`` times unless ``--measure`` says otherwise:
+on the four stored full sweeps of the GPT and llama-tiny (docs/planner.md) the fastest
+measured of the model's first three was within 7% of the sweep's best (0.7%, 0%, 0%, 7.0%),
+the model's first alone up to 18% off; three builds and timings keep a cold search of the
+4-layer GPT on 8 devices near 90 s."""
+
+UNTIMED = "the time budget ended before it was timed"
+"""Why a leading plan has no measured time when the time budget ran out first."""
+
+NONE_TIMED = "the time budget ended before a leading plan was timed: chosen by the model alone"
+
 
 @dataclass(frozen=True)
 class Timed:
@@ -56,6 +68,7 @@ def time_best(
     budget: float,
     steps: int = MEASURE_STEPS,
     devices: Devices | None = None,
+    time_budget: float | None = None,
 ) -> tuple[list[Timed], list[str]]:
     """Time the ``k`` best-predicted plans of ``result`` (this module's docstring; bound to
     ``devices`` first when given, a run's own) and reorder ``result.ranked``: the timed plans
@@ -64,9 +77,11 @@ def time_best(
     (:func:`colossal_jax.auto.sweep.run_sweep`: one reference step before and after each, the
     ratio times the reference's median), since the shared host's speed drifts by ±10% within
     minutes; on GPUs each plan is timed alone (a reference would hold a second state in
-    memory). Returns the timed candidates (model order) and the lines that report them.
-    Raises :class:`ConfigError` when ``k`` or ``steps`` is below 1, or when no timed plan ran
-    within ``budget``."""
+    memory). ``time_budget``: seconds the timings may take; a plan not started by then stays
+    untimed, and when none was timed the model's order stands (the lines say so). Returns the
+    timed candidates (model order) and the lines that report them. Raises
+    :class:`ConfigError` when ``k`` or ``steps`` is below 1, or when every timed plan failed
+    or compiled over ``budget``."""
     from colossal_jax.auto import sweep
     from colossal_jax.checks.resolve import bind
 
@@ -80,33 +95,38 @@ def time_best(
         for i, r in enumerate(leading)
     ]
     paired = all(row.ranked.plan.devices.platform == "cpu" for row in rows)
-    sweep.run_sweep(rows, steps, paired=paired)
+    if time_budget is not None and time_budget <= 0:
+        return [], [NONE_TIMED]
+    sweep.run_sweep(rows, steps, paired=paired, time_budget=time_budget)
     timed = [_timed(r, rank, rows[rank], budget) for rank, r in enumerate(leading)]
     ran = sorted((t for t in timed if t.seconds is not None), key=lambda t: t.seconds)
-    if not ran:
+    untimed = [t.ranked for t in timed if t.why_not == UNTIMED]
+    if not ran and not untimed:
         why = "; ".join(f"{t.ranked.name}: {t.why_not}" for t in timed)
         raise ConfigError(
             f"none of the best {len(timed)} plans ran within the budget {budget / GB:.2f} GB "
             f"per device ({why}); give more --memory-gb or more --devices"
         )
-    result.ranked[:] = [t.ranked for t in ran] + list(result.ranked[k:])
-    return timed, report(timed, ran[0], steps, paired)
+    result.ranked[:] = [t.ranked for t in ran] + untimed + list(result.ranked[k:])
+    return timed, report(timed, ran[0] if ran else None, steps, paired)
 
 
 def _timed(ranked: Ranked, rank: int, row: Row, budget: float) -> Timed:
     """A measured sweep row as a :class:`Timed` candidate."""
     peak = None if row.compiled is None else row.compiled.peak_bytes
     seconds, why = row.seconds, None
-    if row.error is not None:
+    if row.error is None and seconds is None:
+        why = UNTIMED
+    elif row.error is not None:
         seconds, why = None, f"failed: {row.error}"
     elif peak is not None and peak > budget:  # it would not fit: its time does not count
         seconds, why = None, f"compiled over the budget ({peak / GB:.2f} GB), not counted"
     return Timed(ranked, rank, seconds, peak, why, row.cached)
 
 
-def report(timed: list[Timed], fastest: Timed, steps: int, paired: bool) -> list[str]:
+def report(timed: list[Timed], fastest: Timed | None, steps: int, paired: bool) -> list[str]:
     """The lines of :func:`time_best`: each timed plan, predicted against measured, and the
-    choice."""
+    choice (``fastest`` None: none was timed before the time budget ended)."""
     cached = sum(t.cached for t in timed)
     how = "paired with the first as the reference, " if paired else ""
     what = "best-predicted plan" if len(timed) == 1 else f"{len(timed)} best-predicted plans"
@@ -120,13 +140,14 @@ def report(timed: list[Timed], fastest: Timed, steps: int, paired: bool) -> list
         lines.append(
             f"  {t.rank + 1:>2} {t.ranked.name:64} predicted {p.step_s * 1e3:8.1f} ms  {measured}"
         )
-    assert fastest.seconds is not None
+    if fastest is None or fastest.seconds is None:
+        return [*lines, NONE_TIMED]
     chosen = f"chosen by measurement: {fastest.ranked.name} ({fastest.seconds * 1e3:.1f} ms"
     first = timed[0]
     if fastest is first:
         lines.append(f"{chosen}, also the model's first)")
     elif first.seconds is None:
-        lines.append(f"{chosen}; the model's first {first.why_not})")
+        lines.append(f"{chosen}; the model's first: {first.why_not})")
     else:
         gain = first.seconds / fastest.seconds - 1
         lines.append(
