@@ -224,7 +224,6 @@ def test_fit_recovers_the_figures_a_sweep_was_made_with():
         "ring_score_s": 1e-8,
         "residual_tick_byte_s": 2e-11,
         "stack_tick_byte_s": 1.5e-10,
-        "compute_scale": 1.7,
     }
     layouts = [
         {"data": 8},

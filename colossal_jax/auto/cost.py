@@ -7,13 +7,11 @@ Everything is derived from the model's dimensions and the plan, in closed form (
   ``selective``: the attention core's forward again; ``none``/``dots``: ×1), split over the
   devices, at ``peak_flops · efficiency`` (:mod:`colossal_jax.auto.hardware`). Simulated CPU
   devices share the host's cores, so there the step costs every device's FLOPs at the host's
-  measured matmul rate, times ``CPU_STEP["compute_scale"]`` (fitted: a step's small matmuls
-  and the elementwise work between them run slower than the calibration's large matmul).
+  measured rate.
 - **Pipeline bubble.** ``(p − 1) / (M·V)`` of the compute for GPipe, 1F1B (PipeDream-Flush; the
   same bubble as GPipe, fewer microbatches in flight) and interleaved 1F1B (V chunks per stage,
   Narayanan et al. 2021), ``M`` counting the accumulation's microbatches too; a third of that
-  for ZB-H1 and ZB-V (Qi et al. 2024; F, B and W taken as equal). On the simulated CPU
-  devices ``1 / (M·V)`` whatever ``p`` (:func:`bubble`).
+  for ZB-H1 and ZB-V (Qi et al. 2024; F, B and W taken as equal).
 - **Communication**, bytes received per device per step on each mesh axis, by the formulas of
   docs/formulas.md: tensor (:mod:`colossal_jax.tensor.cost`, every layer of the stage, every
   microbatch), sequence (:mod:`colossal_jax.sequence.cost`, as the kernels send it: only the
@@ -148,17 +146,13 @@ unit ticks against 1F1B's ``3(p − 1)``, ZB-V ``p − 1`` half-size ticks again
 pipeline_parallel.md; B and W cost about the same when the linears dominate)."""
 
 
-def bubble(plan: Plan, shared: bool = False) -> float:
+def bubble(plan: Plan) -> float:
     """The pipeline bubble as a fraction of the compute: ``(p − 1) / (M·V)``, a third of it for
-    the zero-bubble schedules (:data:`ZERO_BUBBLE_SHARE`). On devices that share the host's
-    cores (``shared``) ``1 / (M·V)`` (the same shares), whatever ``p``: an idle stage's ticks
-    leave the cores to the working stages, and what a pipeline costs beyond its compute there
-    does not grow with its stages (the GPT's pipelined plans at ``p`` = 2 and 4 measured:
-    ``(p − 1)`` put every 4-stage plan 8–15% over the 2-stage ones, docs/planner.md)."""
+    the zero-bubble schedules (:data:`ZERO_BUBBLE_SHARE`)."""
     p = plan.config.parallel.pipe
     if p == 1:
         return 0.0
-    fused = (1 if shared else p - 1) / (plan.schedule_microbatches * plan.virtual_stages)
+    fused = (p - 1) / (plan.schedule_microbatches * plan.virtual_stages)
     return fused * ZERO_BUBBLE_SHARE.get(plan.pipeline, 1.0)
 
 
@@ -259,9 +253,7 @@ def predict(plan: Plan, hw: Hardware, terms: dict[str, float] | None = None) -> 
     n = plan.n_devices
     rate = hw.peak_flops * hw.efficiency
     compute = dev_flops * (n if hw.shared else 1) / rate
-    if hw.shared:  # a step's matmuls and their neighbours, not the calibration's large matmul
-        compute *= CPU_STEP["compute_scale"]
-    bub = compute * bubble(plan, hw.shared)
+    bub = compute * bubble(plan)
     traffic = axis_traffic(plan)
     inner = _inner_sizes(plan)
     sizes = dict(zip(MESH_ORDER, plan.mesh_shape, strict=True))

@@ -1,9 +1,8 @@
 """The simulated CPU devices' step costs (:data:`colossal_jax.auto.hardware.CPU_STEP`) fitted to
 a measured sweep: non-negative least squares of each plan's measured step time, less what the
-cost model prices at the calibration alone (its link bytes at the calibrated β, its offload
-copies), on the units :func:`colossal_jax.auto.cost.cpu_terms` counts plus every collective of
-the step and the step's matmuls at the calibrated FLOP rate with its bubble
-(``compute_scale``). ``scripts/sweep_meshes.py --from-json SWEEP --fit``
+cost model already prices (its matmuls at the calibrated FLOP rate, its bubble, its link bytes
+at the calibrated β, its offload copies), on the units :func:`colossal_jax.auto.cost.cpu_terms`
+counts plus every collective of the step. ``scripts/sweep_meshes.py --from-json SWEEP --fit``
 prints the fit; the shipped figures are the fit of the 4-layer GPT's sweep."""
 
 from __future__ import annotations
@@ -27,13 +26,8 @@ def features(plan: Any, hw: Hardware) -> tuple[float, dict[str, float]]:
     inner = cost._inner_sizes(plan)
     sizes = dict(zip(cost.MESH_ORDER, plan.mesh_shape, strict=True))
     link_bytes = sum(b / hw.link_of(x, inner[x], sizes[x]).beta for x, (b, _) in traffic.items())
-    units = {
-        "collective_s": float(sum(c for _, c in traffic.values())),
-        **cost.cpu_terms(plan),
-        # the matmuls at the calibrated rate and the bubble, before the scale
-        "compute_scale": (pred.compute_s + pred.bubble_s) / CPU_STEP["compute_scale"],
-    }
-    return link_bytes + pred.offload_s, units
+    units = {"collective_s": float(sum(c for _, c in traffic.values())), **cost.cpu_terms(plan)}
+    return pred.compute_s + pred.bubble_s + link_bytes + pred.offload_s, units
 
 
 def nnls(a: np.ndarray, y: np.ndarray) -> np.ndarray:

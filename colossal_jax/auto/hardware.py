@@ -166,40 +166,33 @@ CPU_DEFAULT: dict = {
 one)."""
 
 CPU_STEP = {
-    "collective_s": 3.62e-4,
-    "xla_score_s": 3.41e-9,
-    "ring_score_s": 0.0,
-    "residual_tick_byte_s": 2.01e-11,
-    "stack_tick_byte_s": 3.82e-11,
-    "compute_scale": 1.65,
+    "collective_s": 1.91e-4,
+    "xla_score_s": 1.34e-8,
+    "ring_score_s": 8.89e-9,
+    "residual_tick_byte_s": 1.23e-11,
+    "stack_tick_byte_s": 1.77e-10,
 }
 """What a step on simulated CPU devices costs beyond its matmuls and its bytes on the links,
 per unit (:func:`colossal_jax.auto.cost.cpu_terms`): every collective (a rendezvous of every
 device's thread on the shared cores, which an isolated timing of one collective, the
 calibration's α of about 0, does not see); every attention score element of a step, by kernel
 (XLA's attention materialises ``[heads, s, s]`` blocks and streams them through the softmax and
-its gradient, memory-bound with head sizes of 8–32; the ring's blockwise kernel, fitted at 0:
-its blocks' cost is in its collectives and bytes); every byte of a stage's pipeline record
-buffers per tick (a tick costs in proportion to the buffers its loop carries: GPipe, whose
-``M`` records a stage holds, measured 0.04 / 0.08 / 0.19 s a step slower than 1F1B's ``p`` at
-M = 4 / 8 / 16 on llama-tiny); every byte of a stage's stacked parameters per tick (each tick
-adds a chunk's gradient into the stage's gradient sums and slices its chunk out of the
-stack); and ``compute_scale``, dimensionless: the step's matmuls at the calibrated FLOP rate,
-with the pipeline's bubble, run 1.65× slower inside a step than the calibration's large
-matmul (small matmuls, the elementwise work between them, eight device threads on the
-host's cores; the CPU's counterpart of a GPU's ``efficiency``).
-Fitted by non-negative least squares to the 4-layer, 256-wide GPT's 89 filtered plans timed in
-three paired rounds (``docs/planner_sweep_gpt_all89.json``, each plan's median round:
-``scripts/sweep_meshes.py --devices 8 --set n_layer=4 --set n_embd=256 --batch-size 16
---seq-len 256 --from-json docs/planner_sweep_gpt_all89.json --fit``), with the bubble on the
-shared cores ``1/(M·V)`` (:func:`colossal_jax.auto.cost.bubble`); the unfiltered GPT sweep's
-320 plans (measured apart from the fit, 89 of them the same plans) and the llama-tiny sweeps
-held out (docs/planner.md). Until 2026-11-29 (second session) the matmuls cost the calibrated
-rate alone, the bubble ``(p − 1)/(M·V)``, and these figures were fitted on 48 GPT plans at
-8 microbatches (``docs/planner_sweep_gpt_fit3.json``: 1.91e-4, 1.34e-8, 8.89e-9, 1.23e-11,
-1.77e-10); until 2026-11-28 the fifth term was absent; until 2026-11-27 (second session) a
-tick cost a microbatch's ``h``-wide activation bytes; until 2026-11-27 only a 6 ms floor on
-every collective's α stood for all of it."""
+its gradient, memory-bound with head sizes of 8–32; the ring's blockwise kernel a little less);
+every byte of a stage's pipeline record buffers per tick (a tick costs in proportion to the
+buffers its loop carries: GPipe, whose ``M`` records a stage holds, measured 0.04 / 0.08 /
+0.19 s a step slower than 1F1B's ``p`` at M = 4 / 8 / 16 on llama-tiny, 2.0–3.0e-11 s a byte);
+and every byte of a stage's stacked parameters per tick (each tick adds a chunk's gradient
+into the stage's gradient sums and slices its chunk out of the stack: part of why a pipeline
+at ``M = 16`` runs up to 1.4× slower than at ``M = 8`` here although its bubble is smaller; it
+predicts about +12% of that).
+Fitted by non-negative least squares to the measured step times of two sweeps of the 4-layer,
+256-wide GPT, 48 plans, all at 8 microbatches (``docs/planner_sweep_gpt_fit2.json`` and
+``docs/planner_sweep_gpt_quiet6.json``, normalised times: ``scripts/sweep_meshes.py
+--from-json docs/planner_sweep_gpt_fit3.json --fit``), the llama-tiny sweeps and the
+unfiltered GPT sweep (microbatches 2–16) held out (docs/planner.md). Until 2026-11-28 the
+fifth term was absent (the others 4.55e-4, 2.76e-8, 2.41e-8, 2.07e-11). Until 2026-11-27
+(second session) a tick cost a microbatch's ``h``-wide activation bytes, which priced GPipe
+like 1F1B. Until 2026-11-27 only a 6 ms floor on every collective's α stood for all of it."""
 
 CPU_ALPHA_S = CPU_STEP["collective_s"]
 """The least fixed cost of one collective inside a whole step on simulated CPU devices
