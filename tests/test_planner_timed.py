@@ -117,7 +117,7 @@ def test_plan_py_times_three_on_the_cpu_devices_unless_told(monkeypatch, capsys,
         return [], ["timed (stand-in)"]
 
     monkeypatch.setattr(plan_py, "time_best", fake)
-    base = ["--devices", "8", "--batch-size", "8", "--seq-len", "32", "--device", device]
+    base = ["--devices", "8", "--batch-size", "8", "--seq-len", "64", "--device", device]
     assert plan_py.main([*base, *argv, "--time-budget", "60"]) == 0
     assert [a[0] for a in asked] == ([k] if k else [])
     if k:  # the search's seconds come off the budget the timing gets
