@@ -45,6 +45,7 @@ UNTIMED = "the time budget ended before it was timed"
 """Why a leading plan has no measured time when the time budget ran out first."""
 
 NONE_TIMED = "the time budget ended before a leading plan was timed: chosen by the model alone"
+"""The line :func:`time_best` reports when no leading plan was timed within its time budget."""
 
 
 @dataclass(frozen=True)
