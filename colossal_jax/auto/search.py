@@ -80,6 +80,14 @@ class SearchResult:
         return self.ranked[0]
 
 
+LEADING = 3
+"""The leading plans ``scripts/plan.py --device cpu`` times unless ``--measure`` says otherwise:
+on the four stored full sweeps of the GPT and llama-tiny (docs/planner.md) the fastest
+measured of the model's first three was within 7% of the sweep's best (0.7%, 0%, 0%, 7.0%),
+the model's first alone up to 18% off; three builds and timings keep a cold search of the
+4-layer GPT on 8 devices near 90 s."""
+
+
 def _variant(plan: Plan, knobs: Knobs) -> Plan:
     """``plan`` with ``knobs``, unvalidated (for costing; :func:`resolve` confirms the chosen).
     Copied rather than rebuilt: a search makes tens of thousands, and the config's field-type

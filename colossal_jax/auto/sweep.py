@@ -342,11 +342,9 @@ def summarize(rows: list[Row]) -> dict[str, Any]:
     """The sweep's verdict: plans measured and failed, the Spearman correlation of predicted
     and measured step time, the largest memory error (and its plan), the chosen and the best
     measured plan and the regret (None where nothing was timed), and ``regret_timed``: that of
-    the fastest measured of the :data:`~colossal_jax.auto.timed.LEADING` best-predicted plans
+    the fastest measured of the :data:`~colossal_jax.auto.search.LEADING` best-predicted plans
     (``timed_choice``), the choice ``scripts/plan.py --device cpu`` makes by timing them, as
     this sweep measured them."""
-    from colossal_jax.auto.timed import LEADING
-
     ok = [r for r in rows if r.compiled is not None]
     timed = [r for r in ok if r.seconds is not None]
     worst = max(ok, key=lambda r: r.memory_error or 0.0, default=None)
@@ -377,7 +375,7 @@ def summarize(rows: list[Row]) -> dict[str, Any]:
         if chosen is not None:
             out["chosen_step_s"] = chosen.seconds
             out["regret"] = chosen.seconds / best.seconds - 1
-        leading = sorted(rows, key=lambda r: r.ranked.prediction.step_s)[:LEADING]
+        leading = sorted(rows, key=lambda r: r.ranked.prediction.step_s)[: search_.LEADING]
         ran = [r for r in leading if r.seconds is not None]
         if ran:
             fastest = min(ran, key=lambda r: r.seconds)

@@ -24,7 +24,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
-from colossal_jax.auto.search import GB, Ranked, SearchResult
+from colossal_jax.auto.search import GB, LEADING, Ranked, SearchResult
 from colossal_jax.config.errors import ConfigError
 from colossal_jax.config.plan import Devices
 
@@ -34,12 +34,7 @@ if TYPE_CHECKING:
 MEASURE_STEPS = 3
 """Timed steps per plan (their median; one warm-up step before them)."""
 
-LEADING = 3
-"""The leading plans ``scripts/plan.py --device cpu`` times unless ``--measure`` says otherwise:
-on the four stored full sweeps of the GPT and llama-tiny (docs/planner.md) the fastest
-measured of the model's first three was within 7% of the sweep's best (0.7%, 0%, 0%, 7.0%),
-the model's first alone up to 18% off; three builds and timings keep a cold search of the
-4-layer GPT on 8 devices near 90 s."""
+__all__ = ["LEADING", "MEASURE_STEPS", "NONE_TIMED", "UNTIMED", "Timed", "report", "time_best"]
 
 UNTIMED = "the time budget ended before it was timed"
 """Why a leading plan has no measured time when the time budget ran out first."""
