@@ -1,18 +1,30 @@
-"""Top events of a jax.profiler perfetto trace by total duration, and the attention kernels in it."""
-import collections, glob, gzip, json, re, sys
+"""Top events of a jax.profiler perfetto trace by total duration, and its attention kernels."""
+
+import collections
+import glob
+import gzip
+import json
+import re
+import sys
 
 path = sorted(glob.glob(sys.argv[1] + "/plugins/profile/*/perfetto_trace.json.gz"))[-1]
 with gzip.open(path) as f:
     data = json.load(f)
 events = data["traceEvents"] if isinstance(data, dict) else data
-procs = {e["pid"]: e.get("args", {}).get("name", "") for e in events if e.get("ph") == "M" and e.get("name") == "process_name"}
-tot = collections.Counter(); cnt = collections.Counter()
+procs = {
+    e["pid"]: e.get("args", {}).get("name", "")
+    for e in events
+    if e.get("ph") == "M" and e.get("name") == "process_name"
+}
+tot: collections.Counter = collections.Counter()
+cnt: collections.Counter = collections.Counter()
 for e in events:
     if e.get("ph") != "X":
         continue
     p = procs.get(e.get("pid"), "")
     key = (p[:40], e.get("name", "")[:150])
-    tot[key] += e.get("dur", 0); cnt[key] += 1
+    tot[key] += e.get("dur", 0)
+    cnt[key] += 1
 print("trace:", path)
 print("processes:", sorted(set(procs.values()))[:20])
 print("top 30 by total us:")
