@@ -136,7 +136,10 @@ def test_auto_plan_with_measure_times_on_the_run_devices_and_logs_the_choice(mon
     def compiled(plan, cache=None):  # --mesh auto's compile of its choice: it fits
         return Compiled(0, 0, 0, 0, 0, 1e6, {}, 0.1), False
 
-    def timed(rows, steps, cache=None, paired=False, **_):  # the model's second runs faster
+    budgets: list = []
+
+    def timed(rows, steps, cache=None, paired=False, time_budget=None, **_):
+        budgets.append(time_budget)  # the model's second runs faster
         for i, row in enumerate(rows):
             seen.append(row.ranked.plan.devices.platform)
             row.compiled = Compiled(0, 0, 0, 0, 0, 1e6, {}, 0.1)
@@ -151,3 +154,6 @@ def test_auto_plan_with_measure_times_on_the_run_devices_and_logs_the_choice(mon
     assert seen == ["cpu", "cpu"] and plan.devices == devices
     assert lines[0].startswith(f"planned: {names[1]}") and "measured 200.0 ms" in lines[0]
     assert any(x.startswith(f"chosen by measurement: {names[1]}") for x in lines)
+    # with a time budget, the timing gets what the search left of it
+    choose.auto_plan(cfg, devices, time_budget=600.0, log=None, measure=2)
+    assert budgets[0] is None and 0 < budgets[1] < 600

@@ -12,6 +12,7 @@ memory shared by the simulated devices).
 from __future__ import annotations
 
 import dataclasses
+import time
 from collections.abc import Callable, Sequence
 
 from colossal_jax.auto import hardware
@@ -86,7 +87,7 @@ def auto_plan(
     its mesh, modes and memory knobs are replaced) on ``devices`` (default: the devices JAX
     has), bound to them; the chosen plan and why are passed to ``log``. ``measure``: time that
     many best-predicted plans on ``devices`` and take the fastest measured
-    (:func:`colossal_jax.auto.timed.time_best`). Raises
+    (:func:`colossal_jax.auto.timed.time_best`), within what is left of ``time_budget``. Raises
     :class:`~colossal_jax.config.errors.ConfigError` when no plan fits."""
     if devices is None:
         from colossal_jax.runtime.devices import current_devices
@@ -95,11 +96,13 @@ def auto_plan(
     n = cfg.devices or devices.count
     hw = hardware_of(devices)
     budget = budget_of(hw, n)
+    start = time.perf_counter()
     _, result = plan_for(cfg, n, hw, budget, time_budget=time_budget)
     checks = verify_on(result, devices, budget, hw)
     timed: list[Timed] = []
-    if measure:
-        timed, lines = time_best(result, measure, budget, devices=devices)
+    if measure:  # the timing gets what the search and the compile check left of the budget
+        left = None if time_budget is None else time_budget - (time.perf_counter() - start)
+        timed, lines = time_best(result, measure, budget, devices=devices, time_budget=left)
         checks += lines
     if log is not None:
         for line in summary(result, hw, timed) + checks:
