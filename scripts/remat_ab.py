@@ -69,7 +69,10 @@ def main(argv: list[str] | None = None) -> int:
         )
         return 2
     if args.rounds < 1 or args.steps < 1:
-        print(f"error: --rounds {args.rounds} and --steps {args.steps} must be ≥ 1", file=sys.stderr)
+        print(
+            f"error: --rounds {args.rounds} and --steps {args.steps} must be ≥ 1 (e.g. --rounds 3)",
+            file=sys.stderr,
+        )
         return 2
     from colossal_jax.runtime.devices import simulate_cpu_devices
 
@@ -138,7 +141,8 @@ def _measure(args: argparse.Namespace, policies: list[str]) -> dict:
     sweep = {r["name"]: r for r in _read(args.sweep)["rows"]}
     for name in args.layout:
         if name not in sweep:
-            raise KeyError(f"--layout {name!r} is no row of {args.sweep} (e.g. {next(iter(sweep))!r})")
+            example = next(iter(sweep))
+            raise KeyError(f"--layout {name!r} is no row of {args.sweep} (e.g. {example!r})")
         base = sweep[name]
         records = [
             {"layout": name, "parallel": base["parallel"], "knobs": {**base["knobs"], "remat": x}}

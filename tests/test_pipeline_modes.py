@@ -34,8 +34,17 @@ COMPOSED = {
 }
 
 
+# ZeRO-1 in a pipeline and interleaved 1D run in the default suite elsewhere
+# (tests/test_zero.py's compositions, tests/test_pipeline.py's one-step gradients); here with
+# -m exhaustive
+ELSEWHERE = ("zero1", "interleaved-1d")
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("name", list(COMPOSED))
+@pytest.mark.parametrize(
+    "name",
+    [n if n not in ELSEWHERE else pytest.param(n, marks=pytest.mark.exhaustive) for n in COMPOSED],
+)
 def test_modes_compose_inside_a_stage(name, data_parallel_losses):
     parallel = dict(COMPOSED[name])
     parallel.setdefault("pipeline", "1f1b")

@@ -195,10 +195,11 @@ zeros on the ticks that are not forwards, that is filed into its slot: a 1F1B pi
 ``M = 2`` runs 2.72 s a step with nothing recomputed, 1.41 s recomputing everything).
 The last two, ``kept_byte_s`` and ``record_tick_byte_s``, are fitted to ``docs/
 planner_remat_ab.json`` (``scripts/remat_ab.py --from-json docs/planner_remat_ab.json --fit``:
-9 layouts of the 4-layer GPT, each timed under every remat policy, interleaved, on one quiet
+9 layouts of the 4-layer GPT, each timed under 3 or 4 remat policies, interleaved, on one quiet
 host; least squares on each policy's time relative to ``none`` of its layout). The first
-five, fitted before those two existed and kept as they were, were fitted by non-negative least squares to the measured step times of two sweeps of the 4-layer,
-256-wide GPT, 48 plans, all at 8 microbatches (``docs/planner_sweep_gpt_fit2.json`` and
+five, fitted before those two existed and kept as they were, were fitted by non-negative
+least squares to the measured step times of two sweeps of the 4-layer, 256-wide GPT, 48
+plans, all at 8 microbatches (``docs/planner_sweep_gpt_fit2.json`` and
 ``docs/planner_sweep_gpt_quiet6.json``, normalised times: ``scripts/sweep_meshes.py
 --from-json docs/planner_sweep_gpt_fit3.json --fit``), the llama-tiny sweeps and the
 unfiltered GPT sweep (microbatches 2–16) held out (docs/planner.md). Until 2026-11-28 the
