@@ -34,7 +34,7 @@ import math
 from dataclasses import dataclass, field
 
 from colossal_jax.auto.hardware import CPU_STEP, Hardware
-from colossal_jax.auto.memory import MEMORY_COEF, chunk_bytes, kept_elements, memory_terms
+from colossal_jax.auto.memory import MEMORY_COEF, chunk_bytes, memory_terms
 from colossal_jax.auto.per_device import (
     act_bytes,
     act_split,
@@ -299,35 +299,23 @@ def cpu_terms(plan: Plan) -> dict[str, float]:
     gradient into the stage's gradient sums (zeros on forward and idle ticks) and slices its
     chunk out of the stack, so a tick costs in proportion to the stage's parameters too
     (``store`` in :mod:`colossal_jax.pipeline.executor`; fitted on microbatch count 8 alone, it
-    ranks the unfiltered sweep's ``M = 2 / 4 / 16`` variants, docs/planner.md);
-    ``kept_byte_s``, the activation bytes the remat policy keeps for the backward over the
-    step (:func:`~colossal_jax.auto.memory.kept_elements` per token and layer, every token of
-    every microbatch through the device's layers), over every device; ``record_tick_byte_s``,
-    for a pipeline, its ticks times one microbatch's chunk record
-    (:func:`~colossal_jax.auto.memory.chunk_bytes`), over every device: the last two are what
-    makes remat faster than keeping everything on the shared cores (measured, docs/planner.md
-    "Remat on the CPU"). (Each collective's cost is its link's α, at least
-    ``collective_s``.)"""
+    ranks the unfiltered sweep's ``M = 2 / 4 / 16`` variants, docs/planner.md). (Each
+    collective's cost is its link's α, at least ``collective_s``.)"""
     cfg, par, m = plan.config, plan.config.parallel, plan.model
     scores = cfg.batch_size * m.n_head * cfg.seq_len**2 * m.n_layer
     if plan.remat != "none":
         scores *= 4 / 3
     ring = ring_attention(plan)
-    residual = stack = record = 0.0
+    residual = stack = 0.0
     if par.pipelined:
         ticks, slots = pipeline_shape(plan)
         residual = ticks * slots["residual"] * chunk_bytes(plan) * plan.n_devices
         stack = ticks * stage_stack_params(plan) * 4 * plan.n_devices  # fp32 gradient sums
-        record = ticks * chunk_bytes(plan) * plan.n_devices
-    layers = m.n_layer // par.pipe
-    tokens = tokens_per_microbatch(plan) * plan.schedule_microbatches * layers
     return {
         "xla_score_s": 0.0 if ring else float(scores),
         "ring_score_s": float(scores) if ring else 0.0,
         "residual_tick_byte_s": residual,
         "stack_tick_byte_s": stack,
-        "kept_byte_s": kept_elements(plan) * act_bytes(plan) * tokens * plan.n_devices,
-        "record_tick_byte_s": record,
     }
 
 

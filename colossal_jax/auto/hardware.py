@@ -171,8 +171,6 @@ CPU_STEP = {
     "ring_score_s": 8.89e-9,
     "residual_tick_byte_s": 1.23e-11,
     "stack_tick_byte_s": 1.77e-10,
-    "kept_byte_s": 5.44e-10,
-    "record_tick_byte_s": 2.77e-10,
 }
 """What a step on simulated CPU devices costs beyond its matmuls and its bytes on the links,
 per unit (:func:`colossal_jax.auto.cost.cpu_terms`): every collective (a rendezvous of every
@@ -186,29 +184,15 @@ buffers its loop carries: GPipe, whose ``M`` records a stage holds, measured 0.0
 and every byte of a stage's stacked parameters per tick (each tick adds a chunk's gradient
 into the stage's gradient sums and slices its chunk out of the stack: part of why a pipeline
 at ``M = 16`` runs up to 1.4× slower than at ``M = 8`` here although its bubble is smaller; it
-predicts about +12% of that); every byte of activations the remat policy keeps for the
-backward over the step (written in the forward, read in the backward: memory-bound on the
-shared cores, so on this host remat is faster, not slower: ``data=8`` 1.35 s a step with
-nothing recomputed, 1.15 s recomputing the whole forward); and, for a pipeline, every byte of
-one microbatch's chunk record per tick (each tick's branch hands back a record-sized result,
-zeros on the ticks that are not forwards, that is filed into its slot: a 1F1B pipeline at
-``M = 2`` runs 2.72 s a step with nothing recomputed, 1.41 s recomputing everything).
-The last two, ``kept_byte_s`` and ``record_tick_byte_s``, are fitted to ``docs/
-planner_remat_ab.json`` (``scripts/remat_ab.py --from-json docs/planner_remat_ab.json --fit``:
-9 layouts of the 4-layer GPT, each timed under 3 or 4 remat policies, interleaved, on one quiet
-host; least squares on each policy's time relative to ``none`` of its layout). The first
-five, fitted before those two existed and kept as they were, were fitted by non-negative
-least squares to the measured step times of two sweeps of the 4-layer, 256-wide GPT, 48
-plans, all at 8 microbatches (``docs/planner_sweep_gpt_fit2.json`` and
+predicts about +12% of that).
+Fitted by non-negative least squares to the measured step times of two sweeps of the 4-layer,
+256-wide GPT, 48 plans, all at 8 microbatches (``docs/planner_sweep_gpt_fit2.json`` and
 ``docs/planner_sweep_gpt_quiet6.json``, normalised times: ``scripts/sweep_meshes.py
 --from-json docs/planner_sweep_gpt_fit3.json --fit``), the llama-tiny sweeps and the
 unfiltered GPT sweep (microbatches 2–16) held out (docs/planner.md). Until 2026-11-28 the
 fifth term was absent (the others 4.55e-4, 2.76e-8, 2.41e-8, 2.07e-11). Until 2026-11-27
 (second session) a tick cost a microbatch's ``h``-wide activation bytes, which priced GPipe
-like 1F1B. Until 2026-11-29 the remat terms were absent and the planner, taking
-recomputation for a cost on the CPU, chose ``remat=none`` for 294 of the GPT's 320 layouts,
-up to 1.9× slower than remat. Until 2026-11-27 only a 6 ms floor on every collective's α
-stood for all of it."""
+like 1F1B. Until 2026-11-27 only a 6 ms floor on every collective's α stood for all of it."""
 
 CPU_ALPHA_S = CPU_STEP["collective_s"]
 """The least fixed cost of one collective inside a whole step on simulated CPU devices
