@@ -124,7 +124,7 @@ UNPIPELINED_WHOLE = 4
 1D tensor parallelism with ``dots`` or ``selective``, beyond :data:`PER_TOKEN`'s count. The
 unpipelined step is one program XLA partitions (a pipeline's stages are manual per-device
 bodies, which keep what :data:`PER_TOKEN` says): with only its share, 1D ``dots``/``selective``
-plans 4 and 8 wide compiled 9–29% over their prediction (the 4-layer GPT's stored remat sweeps,
+plans 4 and 8 wide compiled 11–29% over their prediction (the 4-layer GPT's stored remat sweeps,
 ``docs/planner_sweep_gpt_keptbytes_all89.json`` and ``…_remat_terms_first42.json``). 4 was
 chosen among 2, 3, 4 and 6 on those sweeps (no stored plan leaves 10%, the wide 1D ones come
 within it); held out, llama-tiny's 1D plans (``data=2,tensor_row=4`` ``selective``,
