@@ -119,31 +119,13 @@ def h_share(plan: Plan, counts: tuple[float, float, float]) -> float:
     return nh * h / total if total > 0 else 1.0
 
 
-UNPIPELINED_WHOLE = 4
-"""h-wide values per token and layer that an unpipelined step keeps whole on every device under
-1D tensor parallelism with ``dots`` or ``selective``, beyond :data:`PER_TOKEN`'s count. The
-unpipelined step is one program XLA partitions (a pipeline's stages are manual per-device
-bodies, which keep what :data:`PER_TOKEN` says): with only its share, 1D ``dots``/``selective``
-plans 4 and 8 wide compiled 11–29% over their prediction (the 4-layer GPT's stored remat sweeps,
-``docs/planner_sweep_gpt_keptbytes_all89.json`` and ``…_remat_terms_first42.json``). 4 was
-chosen among 2, 3, 4 and 6 on those sweeps (no stored plan leaves 10%, the wide 1D ones come
-within it); held out, llama-tiny's 1D plans (``data=2,tensor_row=4`` ``selective``,
-``tensor_row=8`` ``dots``, ``tensor_row=4,seq=2`` ring ``selective``, ``data=4,tensor_row=2``
-``dots``) moved from −12 / −9 / −9 / −7% to −2 / +7 / +5 / −5%, and two new GPT ones from −23 /
-−17% to +1 / −0.4% (docs/planner.md, "Memory of unpipelined 1D remat plans")."""
-
-
 def _whole_share(plan: Plan, remat: str) -> float:
     """The share of a layer's non-score kept values that 1D tensor parallelism leaves whole on
     every device: under ``none``, read off the family's traced residuals
     (:attr:`colossal_jax.auto.layer_memory.Kept.whole`: 0.26 for the 4-layer GPT, where its 1D
     plans' compiled memory says 0.25); under the policies that keep matmul outputs, whose
     ``[s, h]`` Q/K/V outputs the trace cannot tell from the whole ones, :data:`PER_TOKEN`'s
-    proportion, with :data:`UNPIPELINED_WHOLE` more h-wide values for ``dots`` and
-    ``selective`` without a pipeline."""
-    if remat in ("dots", "selective") and not plan.config.parallel.pipelined:
-        nh, ni, ns = PER_TOKEN[remat]
-        return h_share(plan, (nh + UNPIPELINED_WHOLE, ni, ns))
+    proportion."""
     if remat != "none":
         return h_share(plan, PER_TOKEN[remat])
     k = layer_memory.kept(plan.model, "none")
