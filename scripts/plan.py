@@ -39,8 +39,8 @@ from pathlib import Path
 from colossal_jax.auto import hardware, memory
 from colossal_jax.auto.choose import budget_of, preset_text, summary
 from colossal_jax.auto.hardware import DEVICES
-from colossal_jax.auto.search import GB, Ranked, SearchResult, plan_for, why_lost
-from colossal_jax.auto.timed import LEADING, Timed, time_best
+from colossal_jax.auto.search import GB, LEADING, Ranked, SearchResult, plan_for, why_lost
+from colossal_jax.auto.timed import Timed, time_best
 from colossal_jax.checks.preflight import check_writable_file
 from colossal_jax.cli.configure import model_overrides
 from colossal_jax.config import ConfigError, TrainConfig

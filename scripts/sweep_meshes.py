@@ -239,7 +239,7 @@ def measure(rows: list, args: argparse.Namespace) -> bool:
 def write(rows: list, summary: dict, args: argparse.Namespace, argv: list[str] | None) -> None:
     """The JSON and the PNG asked for."""
     from colossal_jax.auto import sweep_report
-    from colossal_jax.auto.timed import LEADING
+    from colossal_jax.auto.search import LEADING
 
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)

@@ -24,7 +24,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
-from colossal_jax.auto.search import GB, LEADING, Ranked, SearchResult
+from colossal_jax.auto.search import GB, Ranked, SearchResult
 from colossal_jax.config.errors import ConfigError
 from colossal_jax.config.plan import Devices
 
@@ -33,8 +33,6 @@ if TYPE_CHECKING:
 
 MEASURE_STEPS = 3
 """Timed steps per plan (their median; one warm-up step before them)."""
-
-__all__ = ["LEADING", "MEASURE_STEPS", "NONE_TIMED", "UNTIMED", "Timed", "report", "time_best"]
 
 UNTIMED = "the time budget ended before it was timed"
 """Why a leading plan has no measured time when the time budget ran out first."""
