@@ -93,6 +93,25 @@ def test_pipeline_bubble_per_schedule():
     assert cost.bubble(resolve(cfg, 4)) == pytest.approx(1 / 24)
 
 
+def test_the_bubble_idles_a_whole_ticks_work_and_on_shared_cores_not_per_stage():
+    """A bubble tick idles the chunk's matmuls and the tensor and sequence traffic inside its
+    layers (not the data axis's reduction, once a step); on the host's shared cores it is
+    ``1/(M·V)`` of that work whatever ``p``."""
+    base = dataclasses.replace(_cfg(), model_overrides={"n_layer": 4})
+    par = ParallelConfig(pipe=4, tensor_row=2, tensor_mode="1d", pipeline="1f1b", microbatches=8)
+    plan = resolve(dataclasses.replace(base, parallel=par), 8)
+    assert cost.bubble(plan) == pytest.approx(3 / 8)
+    assert cost.bubble(plan, shared=True) == pytest.approx(1 / 8)
+    gpu = cost.predict(plan, hardware.hardware("h100"))
+    tick_work = gpu.compute_s + gpu.axis_s["tensor_row"]
+    assert gpu.axis_s["tensor_row"] > 0
+    assert gpu.bubble_s == pytest.approx(tick_work * 3 / 8)
+    cpu = cost.predict(plan, hardware.hardware("cpu", None))
+    units = cost.cpu_terms(plan)
+    scores = sum(hardware.CPU_STEP[k] * units[k] for k in cost.TICK_CPU_TERMS)
+    assert cpu.bubble_s == pytest.approx((cpu.compute_s + cpu.axis_s["tensor_row"] + scores) / 8)
+
+
 def test_impossible_request_is_one_line_and_exit_2_quickly():
     t0 = time.perf_counter()
     out = subprocess.run(

@@ -8,10 +8,15 @@ Everything is derived from the model's dimensions and the plan, in closed form (
   devices, at ``peak_flops · efficiency`` (:mod:`colossal_jax.auto.hardware`). Simulated CPU
   devices share the host's cores, so there the step costs every device's FLOPs at the host's
   measured rate.
-- **Pipeline bubble.** ``(p − 1) / (M·V)`` of the compute for GPipe, 1F1B (PipeDream-Flush; the
-  same bubble as GPipe, fewer microbatches in flight) and interleaved 1F1B (V chunks per stage,
-  Narayanan et al. 2021), ``M`` counting the accumulation's microbatches too; a third of that
-  for ZB-H1 and ZB-V (Qi et al. 2024; F, B and W taken as equal).
+- **Pipeline bubble.** ``(p − 1) / (M·V)`` of a stage's per-tick work for GPipe, 1F1B
+  (PipeDream-Flush; the same bubble as GPipe, fewer microbatches in flight) and interleaved 1F1B
+  (V chunks per stage, Narayanan et al. 2021), ``M`` counting the accumulation's microbatches
+  too; a third of that for ZB-H1 and ZB-V (Qi et al. 2024; F, B and W taken as equal). The
+  per-tick work is the compute plus the traffic inside the layers (the tensor and sequence
+  axes, :data:`TICK_AXES`) and, on simulated CPU devices, the attention scores
+  (:data:`TICK_CPU_TERMS`): an idle tick waits for all of a chunk's critical path, not only its
+  matmuls (until 2026-11-29 the compute alone). On simulated devices sharing the host's cores
+  the bubble is ``1/(M·V)`` of that work, not growing with ``p`` (:func:`bubble`).
 - **Communication**, bytes received per device per step on each mesh axis, by the formulas of
   docs/formulas.md: tensor (:mod:`colossal_jax.tensor.cost`, every layer of the stage, every
   microbatch), sequence (:mod:`colossal_jax.sequence.cost`, as the kernels send it: only the
@@ -146,13 +151,28 @@ unit ticks against 1F1B's ``3(p − 1)``, ZB-V ``p − 1`` half-size ticks again
 pipeline_parallel.md; B and W cost about the same when the linears dominate)."""
 
 
-def bubble(plan: Plan) -> float:
-    """The pipeline bubble as a fraction of the compute: ``(p − 1) / (M·V)``, a third of it for
-    the zero-bubble schedules (:data:`ZERO_BUBBLE_SHARE`)."""
+TICK_AXES = ("tensor_row", "tensor_col", "tensor_depth", "seq")
+"""The axes whose traffic runs inside every layer of a chunk, on its critical path: a stage idle
+for a bubble tick idles for that traffic too (``pipe``'s sends are per microbatch, not per
+tick; ``data``'s reduction runs once a step)."""
+
+TICK_CPU_TERMS = ("xla_score_s", "ring_score_s")
+"""The simulated CPU devices' costs (:data:`~colossal_jax.auto.hardware.CPU_STEP`) that a
+chunk's forward and backward run, so a bubble tick idles for them as for the matmuls."""
+
+
+def bubble(plan: Plan, shared: bool = False) -> float:
+    """The pipeline bubble as a fraction of a stage's per-tick work: ``(p − 1) / (M·V)``, a third
+    of it for the zero-bubble schedules (:data:`ZERO_BUBBLE_SHARE`). ``shared`` (simulated
+    devices on the host's cores): ``1 / (M·V)``, whatever ``p`` — the stages idle in the fill
+    and the drain leave their cores to the working ones, and what the sweeps measure falls with
+    the microbatches but does not grow with the stages (docs/planner.md, "The bubble on shared
+    cores")."""
     p = plan.config.parallel.pipe
     if p == 1:
         return 0.0
-    fused = (p - 1) / (plan.schedule_microbatches * plan.virtual_stages)
+    idle = 1 if shared else p - 1
+    fused = idle / (plan.schedule_microbatches * plan.virtual_stages)
     return fused * ZERO_BUBBLE_SHARE.get(plan.pipeline, 1.0)
 
 
@@ -253,7 +273,6 @@ def predict(plan: Plan, hw: Hardware, terms: dict[str, float] | None = None) -> 
     n = plan.n_devices
     rate = hw.peak_flops * hw.efficiency
     compute = dev_flops * (n if hw.shared else 1) / rate
-    bub = compute * bubble(plan)
     traffic = axis_traffic(plan)
     inner = _inner_sizes(plan)
     sizes = dict(zip(MESH_ORDER, plan.mesh_shape, strict=True))
@@ -263,7 +282,13 @@ def predict(plan: Plan, hw: Hardware, terms: dict[str, float] | None = None) -> 
         hidden = 0.0 if hw.shared else OVERLAP * compute
         exposed += max(0.0, axis_s["data"] - hidden)
     offload = _offload_seconds(plan, hw)
-    cpu = sum(CPU_STEP[k] * v for k, v in cpu_terms(plan).items()) if hw.shared else 0.0
+    cpu_parts = {k: CPU_STEP[k] * v for k, v in cpu_terms(plan).items()} if hw.shared else {}
+    cpu = sum(cpu_parts.values())
+    # A bubble tick idles a stage for a whole chunk's work: its matmuls, the tensor and sequence
+    # traffic inside its layers and (simulated CPU) its attention scores, not the matmuls alone.
+    chunk_work = compute + sum(s for x, s in axis_s.items() if x in TICK_AXES)
+    chunk_work += sum(cpu_parts.get(k, 0.0) for k in TICK_CPU_TERMS)
+    bub = chunk_work * bubble(plan, hw.shared)
     terms = terms if terms is not None else memory_terms(plan)
     state = MEMORY_COEF["state"] * terms["state"] + MEMORY_COEF["grads"] * terms["grads"]
     act = sum(MEMORY_COEF[k] * v for k, v in terms.items() if k not in ("state", "grads"))
