@@ -95,8 +95,15 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument(
         "--from-json",
         type=Path,
-        help="measure nothing: the rows of an earlier --json, predicted again by the current "
-        "cost model",
+        nargs="+",
+        help="measure nothing: the rows of earlier --json files, predicted again by the "
+        "current cost model (several: a plan's row from the last file that measured it)",
+    )
+    p.add_argument(
+        "--current",
+        action="store_true",
+        help="with --from-json: only the plans the planner lists now (its knobs as chosen now, "
+        "--filter applied), each read from the files; the ones no file holds are named",
     )
     p.add_argument(
         "--fit",
@@ -172,8 +179,25 @@ def main(argv: list[str] | None = None) -> int:
             precision=args.precision or ("fp32" if args.device == "cpu" else "bf16"),
         )
         hw = hardware(args.device, args.memory_gb)
+        if args.current and not args.from_json:
+            raise ValueError("--current needs --from-json SWEEP.json [MORE.json ...]")
         if args.from_json:
-            rows = sweep.rows_from_json(read_sweep(args.from_json), cfg, hw)
+            docs = [read_sweep(path) for path in args.from_json]
+            names = None
+            if args.current:
+                listed = sweep.plans(
+                    cfg, args.devices, hw, budget_of(hw, args.devices), args.filter,
+                    every_knob=args.every_knob,
+                )  # fmt: skip
+                names = [r.name for r in listed]
+            doc = sweep.merge_json(docs, names)
+            if doc["missing"]:
+                print(
+                    f"{len(doc['missing'])} of the planner's {len(names or [])} plans are in none "
+                    f"of the files (e.g. {doc['missing'][0]}): left out",
+                    flush=True,
+                )
+            rows = sweep.rows_from_json(doc, cfg, hw)
         else:
             rows = sweep.plans(
                 cfg,

@@ -238,6 +238,7 @@ CARELESS = [
     ("sweep_meshes", ["--from-json", "{text}"], "is not JSON"),
     ("sweep_meshes", ["--from-json", "{list}"], "is not a sweep's JSON"),
     ("sweep_meshes", ["--from-json", "{rowless}"], "row 0 lacks chosen"),
+    ("sweep_meshes", ["--current"], "--current needs --from-json"),
 ]
 
 

@@ -294,3 +294,24 @@ def test_every_knob_adds_each_fitting_knob_choice_after_the_planners_pick():
     steps = [r.ranked.prediction.step_s for r in every[1:]]
     assert steps == sorted(steps)
     assert all(r.ranked.prediction.memory_bytes <= budget_of(hw, 1) for r in every)
+
+
+def test_sweeps_merge_by_name_the_last_measurement_winning_and_keep_the_current_plans(swept):
+    cfg, hw, rows, _ = swept
+    first = {"rows": [r.to_json() for r in rows]}
+    again = json.loads(json.dumps(first))
+    again["rows"][1]["measured_step_s"] = 9.0  # measured again later
+    unmeasured = {"rows": [dict(first["rows"][0], measured_step_s=None)]}  # listed, not timed
+    merged = sweep.merge_json([first, again, unmeasured])
+    by_name = {r["name"]: r for r in merged["rows"]}
+    assert len(merged["rows"]) == len(rows) and merged["missing"] == []
+    assert by_name[rows[1].name]["measured_step_s"] == 9.0
+    assert by_name[rows[0].name]["measured_step_s"] == rows[0].step_s
+    # the planner's plans now: the second first (its choice), one no sweep holds
+    names = [rows[1].name, "data=1 unheard of", rows[0].name]
+    current = sweep.merge_json([first, again], names)
+    assert [r["name"] for r in current["rows"]] == [rows[1].name, rows[0].name]
+    assert [r["chosen"] for r in current["rows"]] == [True, False]
+    assert current["missing"] == ["data=1 unheard of"]
+    back = sweep.rows_from_json(current, cfg, hw)
+    assert sweep.summarize(back)["chosen"] == rows[1].name

@@ -401,6 +401,30 @@ def _round_summary(rows: list[Row], k: int) -> dict[str, Any]:
     return {"spearman": figures["spearman"], "regret": figures["regret"]}
 
 
+def merge_json(docs: list[dict[str, Any]], names: list[str] | None = None) -> dict[str, Any]:
+    """One sweep document from several (``scripts/sweep_meshes.py --json`` files): a plan's row
+    from the last document that measured it (else the last that lists it). With ``names`` (the
+    planner's current plans, its choice first), only those plans, in that order, the first
+    marked chosen; ``missing`` lists the names no document holds."""
+    by_name: dict[str, dict[str, Any]] = {}
+    for doc in docs:
+        for record in doc["rows"]:
+            old = by_name.get(record["name"])
+            if (
+                old is None
+                or record["measured_step_s"] is not None
+                or old["measured_step_s"] is None
+            ):
+                by_name[record["name"]] = record
+    merged = dict(docs[-1], missing=[])
+    if names is None:
+        merged["rows"] = list(by_name.values())
+        return merged
+    merged["rows"] = [dict(by_name[n], chosen=i == 0) for i, n in enumerate(names) if n in by_name]
+    merged["missing"] = [n for n in names if n not in by_name]
+    return merged
+
+
 def rows_from_json(doc: dict[str, Any], cfg: TrainConfig, hw: Hardware) -> list[Row]:
     """The rows of a sweep's JSON (``scripts/sweep_meshes.py --json``) with their measured
     figures, each plan resolved again from its layout and knobs and predicted by the current
