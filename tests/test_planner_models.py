@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from colossal_jax.auto import cost, fit_cpu, hardware, layer_memory, memory
-from colossal_jax.auto.per_device import stack_params
+from colossal_jax.auto.per_device import pipeline_shape, stack_params
 from colossal_jax.checks.resolve import resolve
 from colossal_jax.config import ParallelConfig, TrainConfig
 from colossal_jax.config.families import model_config
@@ -202,6 +202,14 @@ def test_cpu_terms_price_attention_by_kernel_and_ticks_by_buffers_and_parameters
         for p in (one_f, split, more)
     )
     assert halved == pytest.approx(base / 2) and same == pytest.approx(base)
+    # interleaved: a tick adds into one chunk's rows of the stage's sums, the stage's over V
+    kw = {"data": 4, "pipe": 2, "microbatches": 4, "layers": 4}
+    fused = _plan(pipeline="1f1b", **kw)
+    inter = _plan(pipeline="interleaved", virtual_stages=2, **kw)
+    fused_tick, inter_tick = (
+        cost.cpu_terms(p)["stack_tick_byte_s"] / pipeline_shape(p)[0] for p in (fused, inter)
+    )
+    assert inter_tick == pytest.approx(fused_tick / 2)
     gpu = _plan("gpu", data=8)
     assert cost.predict(gpu, hardware.hardware("h100")).cpu_s == 0.0
     cpu_hw = hardware.cpu_from(hardware.CPU_DEFAULT)

@@ -319,12 +319,14 @@ def cpu_terms(plan: Plan) -> dict[str, float]:
     times one chunk's record, :func:`~colossal_jax.auto.memory.chunk_bytes`), over every
     device: measured, a tick costs time in proportion to the size of the buffers the loop
     carries, not only to the slot it reads or writes (GPipe against 1F1B at M = 4, 8, 16,
-    docs/planner.md); ``stack_tick_byte_s``, for a pipeline, its ticks times the bytes of the
-    stage's stacked parameters on a device, over every device: every tick adds its chunk's
-    gradient into the stage's gradient sums (zeros on forward and idle ticks) and slices its
-    chunk out of the stack, so a tick costs in proportion to the stage's parameters too
-    (``store`` in :mod:`colossal_jax.pipeline.executor`; fitted on microbatch count 8 alone, it
-    ranks the unfiltered sweep's ``M = 2 / 4 / 16`` variants, docs/planner.md). (Each
+    docs/planner.md); ``stack_tick_byte_s``, for a pipeline, its ticks times the bytes of one
+    chunk's stacked parameters on a device (the stage's over ``V``), over every device: every
+    tick adds its chunk's gradient into that chunk's rows of the stage's gradient sums (zeros on
+    forward and idle ticks) and slices the chunk out of the stack, so a tick costs in proportion
+    to the chunk's parameters too (``add_chunk_grad`` and ``chunk_params`` in
+    :mod:`colossal_jax.pipeline.executor`; fitted on microbatch count 8 alone, it ranks the
+    unfiltered sweep's ``M = 2 / 4 / 16`` variants, docs/planner.md; until 2026-11-29 the whole
+    stage's parameters whatever ``V``). (Each
     collective's cost is its link's α, at least ``collective_s``.)"""
     cfg, par, m = plan.config, plan.config.parallel, plan.model
     scores = cfg.batch_size * m.n_head * cfg.seq_len**2 * m.n_layer
@@ -335,7 +337,8 @@ def cpu_terms(plan: Plan) -> dict[str, float]:
     if par.pipelined:
         ticks, slots = pipeline_shape(plan)
         residual = ticks * slots["residual"] * chunk_bytes(plan) * plan.n_devices
-        stack = ticks * stage_stack_params(plan) * 4 * plan.n_devices  # fp32 gradient sums
+        chunk_params = stage_stack_params(plan) / plan.virtual_stages
+        stack = ticks * chunk_params * 4 * plan.n_devices  # fp32 gradient sums
     return {
         "xla_score_s": 0.0 if ring else float(scores),
         "ring_score_s": float(scores) if ring else 0.0,
