@@ -19,8 +19,11 @@ TERMS = tuple(CPU_STEP)
 
 
 def features(plan: Any, hw: Hardware) -> tuple[float, dict[str, float]]:
-    """``(priced, units)``: the seconds of ``plan``'s step the cost model prices without
-    :data:`CPU_STEP`, and the units each of its figures multiplies."""
+    """``(priced, units)``: the seconds of ``plan``'s step the cost model prices outside
+    :data:`CPU_STEP`'s units, and the units each of its figures multiplies. The bubble counts as
+    priced whole, although since 2026-11-29 it holds a share of the tick's score work and
+    collectives at the current figures (:func:`colossal_jax.auto.cost.predict`): a refit takes
+    that share as given."""
     pred = cost.predict(plan, hw)
     traffic = cost.axis_traffic(plan)
     inner = cost._inner_sizes(plan)
