@@ -230,7 +230,7 @@ def main(argv: list[str] | None = None) -> int:
     summary["seconds"] = time.perf_counter() - t0
     print(sweep_report.table(rows))
     print(json.dumps(summary, indent=1))
-    write(rows, summary, args, argv)
+    write(rows, summary, args, argv, hw.record())
     return 0
 
 
@@ -260,8 +260,15 @@ def measure(rows: list, args: argparse.Namespace) -> bool:
         )
 
 
-def write(rows: list, summary: dict, args: argparse.Namespace, argv: list[str] | None) -> None:
-    """The JSON and the PNG asked for."""
+def write(
+    rows: list,
+    summary: dict,
+    args: argparse.Namespace,
+    argv: list[str] | None,
+    hardware: dict | None = None,
+) -> None:
+    """The JSON and the PNG asked for; the JSON records the ``hardware`` figures its predictions
+    used (the CPU calibration's)."""
     from colossal_jax.auto import sweep_report
     from colossal_jax.auto.search import LEADING
 
@@ -270,6 +277,7 @@ def write(rows: list, summary: dict, args: argparse.Namespace, argv: list[str] |
         doc = {
             "command": " ".join(["python", "scripts/sweep_meshes.py", *(argv or sys.argv[1:])]),
             "summary": summary,
+            "hardware": hardware,
             "rows": [r.to_json() for r in rows],
         }
         args.json.write_text(json.dumps(doc, indent=1) + "\n")

@@ -315,3 +315,28 @@ def test_sweeps_merge_by_name_the_last_measurement_winning_and_keep_the_current_
     assert current["missing"] == ["data=1 unheard of"]
     back = sweep.rows_from_json(current, cfg, hw)
     assert sweep.summarize(back)["chosen"] == rows[1].name
+
+
+def test_a_sweep_json_records_the_calibration_its_predictions_used(swept, tmp_path, monkeypatch):
+    """Re-predicted under another calibration a stored sweep ranks differently: its JSON names
+    the figures (``--from-json`` with the calibration set reproduces them)."""
+    import argparse
+    import importlib.util
+    from pathlib import Path
+
+    from colossal_jax.auto.hardware import cpu_from
+
+    calibration = {"flops_per_s": 5e10, "alpha_s": 0.0, "beta_bytes_per_s": 3e8, "note": "ours"}
+    record = cpu_from(calibration).record()
+    assert record["peak_flops"] == 5e10 and record["source"] == "ours"
+    assert record["links_alpha_s_beta"]["intra"][1] == 3e8
+    root = Path(__file__).resolve().parents[1]
+    spec = importlib.util.spec_from_file_location("sweep_meshes", root / "scripts/sweep_meshes.py")
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    rows = swept[2]
+    args = argparse.Namespace(json=tmp_path / "s.json", png=None)
+    script.write(rows, sweep.summarize(rows), args, ["--devices", "4"], record)
+    doc = json.loads((tmp_path / "s.json").read_text())
+    assert doc["hardware"] == json.loads(json.dumps(record))
+    assert len(doc["rows"]) == len(rows)

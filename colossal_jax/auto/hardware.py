@@ -80,6 +80,20 @@ class Hardware:
     axes: dict[str, Link] = field(default_factory=dict, hash=False, compare=False)
     source: str = ""
 
+    def record(self) -> dict[str, object]:
+        """The figures the cost model read, for a sweep's JSON: a stored sweep re-predicted
+        under another calibration ranks differently (the CPU's FLOP rate and β split a step's
+        terms), so the document says which one its predictions used."""
+        links = {axis: [link.alpha_s, link.beta] for axis, link in sorted(self.axes.items())}
+        return {
+            "name": self.name,
+            "peak_flops": self.peak_flops,
+            "efficiency": self.efficiency,
+            "memory_bytes": self.memory_bytes,
+            "links_alpha_s_beta": links or {"intra": [self.intra.alpha_s, self.intra.beta]},
+            "source": self.source,
+        }
+
     def link_of(self, axis: str, inner: int, size: int) -> Link:
         """The link of ``axis`` whose group has ``size`` devices and sits inside ``inner``
         devices of the axes inner to it (the physical mesh order): within a node when
