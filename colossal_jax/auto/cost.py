@@ -166,7 +166,7 @@ def bubble(plan: Plan, shared: bool = False) -> float:
     of it for the zero-bubble schedules (:data:`ZERO_BUBBLE_SHARE`). ``shared`` (simulated
     devices on the host's cores): ``1 / (M·V)``, whatever ``p`` — the stages idle in the fill
     and the drain leave their cores to the working ones, and what the sweeps measure falls with
-    the microbatches but does not grow with the stages (docs/planner.md, "The bubble costs a
+    the microbatches but does not grow with the stages (docs/planner_log.md, "The bubble costs a
     whole tick's work")."""
     p = plan.config.parallel.pipe
     if p == 1:

@@ -89,7 +89,7 @@ does not hold all of either at once). The ring's weight is non-negative least sq
 compiled memory of the 4-layer, 256-wide GPT's pipelined plans on 8 CPU devices (two sweeps, 32
 plans, 2026-11-27); the other four on all 280 pipelined plans of its 320 (2026-11-29; that fit
 alone sets the ring's to 0, which leaves llama-tiny's pipelined ring plans up to 12.9% under).
-llama-tiny is held out (docs/planner.md, "Memory")."""
+llama-tiny is held out (docs/planner_log.md, "Memory")."""
 
 
 def _split_elements(
