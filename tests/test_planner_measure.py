@@ -317,7 +317,7 @@ def test_sweeps_merge_by_name_the_last_measurement_winning_and_keep_the_current_
     assert sweep.summarize(back)["chosen"] == rows[1].name
 
 
-def test_a_sweep_json_records_the_calibration_its_predictions_used(swept, tmp_path, monkeypatch):
+def test_a_sweep_json_records_the_calibration_its_predictions_used(swept, tmp_path):
     """Re-predicted under another calibration a stored sweep ranks differently: its JSON names
     the figures (``--from-json`` with the calibration set reproduces them)."""
     import argparse
@@ -330,6 +330,9 @@ def test_a_sweep_json_records_the_calibration_its_predictions_used(swept, tmp_pa
     record = cpu_from(calibration).record()
     assert record["peak_flops"] == 5e10 and record["source"] == "ours"
     assert record["links_alpha_s_beta"]["intra"][1] == 3e8
+    assert set(record["links_alpha_s_beta"]) == {"intra", "inter", "host"}
+    per_axis = dict(calibration, axes={"seq": {"alpha_s": 0.0, "beta_bytes_per_s": 2e8}})
+    assert cpu_from(per_axis).record()["links_alpha_s_beta"]["seq"][1] == 2e8
     root = Path(__file__).resolve().parents[1]
     spec = importlib.util.spec_from_file_location("sweep_meshes", root / "scripts/sweep_meshes.py")
     script = importlib.util.module_from_spec(spec)

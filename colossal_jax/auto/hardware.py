@@ -84,13 +84,13 @@ class Hardware:
         """The figures the cost model read, for a sweep's JSON: a stored sweep re-predicted
         under another calibration ranks differently (the CPU's FLOP rate and β split a step's
         terms), so the document says which one its predictions used."""
-        links = {axis: [link.alpha_s, link.beta] for axis, link in sorted(self.axes.items())}
+        links = {"intra": self.intra, "inter": self.inter, "host": self.host, **self.axes}
         return {
             "name": self.name,
             "peak_flops": self.peak_flops,
             "efficiency": self.efficiency,
             "memory_bytes": self.memory_bytes,
-            "links_alpha_s_beta": links or {"intra": [self.intra.alpha_s, self.intra.beta]},
+            "links_alpha_s_beta": {k: [v.alpha_s, v.beta] for k, v in links.items()},
             "source": self.source,
         }
 
