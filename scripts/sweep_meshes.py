@@ -265,7 +265,7 @@ def write(
     summary: dict,
     args: argparse.Namespace,
     argv: list[str] | None,
-    hardware: dict | None = None,
+    hardware: dict,
 ) -> None:
     """The JSON and the PNG asked for; the JSON records the ``hardware`` figures its predictions
     used (the CPU calibration's)."""

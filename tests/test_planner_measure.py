@@ -321,10 +321,9 @@ def test_a_sweep_json_records_the_calibration_its_predictions_used(swept, tmp_pa
     """Re-predicted under another calibration a stored sweep ranks differently: its JSON names
     the figures (``--from-json`` with the calibration set reproduces them)."""
     import argparse
-    import importlib.util
-    from pathlib import Path
 
     from colossal_jax.auto.hardware import cpu_from
+    from tests.test_planner import _script
 
     calibration = {"flops_per_s": 5e10, "alpha_s": 0.0, "beta_bytes_per_s": 3e8, "note": "ours"}
     record = cpu_from(calibration).record()
@@ -333,10 +332,7 @@ def test_a_sweep_json_records_the_calibration_its_predictions_used(swept, tmp_pa
     assert set(record["links_alpha_s_beta"]) == {"intra", "inter", "host"}
     per_axis = dict(calibration, axes={"seq": {"alpha_s": 0.0, "beta_bytes_per_s": 2e8}})
     assert cpu_from(per_axis).record()["links_alpha_s_beta"]["seq"][1] == 2e8
-    root = Path(__file__).resolve().parents[1]
-    spec = importlib.util.spec_from_file_location("sweep_meshes", root / "scripts/sweep_meshes.py")
-    script = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(script)
+    script = _script("sweep_meshes")
     rows = swept[2]
     args = argparse.Namespace(json=tmp_path / "s.json", png=None)
     script.write(rows, sweep.summarize(rows), args, ["--devices", "4"], record)
