@@ -24,18 +24,11 @@ from pathlib import Path
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    from colossal_jax.cli.model_flags import add_model_flags
+
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--devices", type=int, default=8, help="simulated CPU devices (default 8)")
-    p.add_argument("--model", default="gpt2-tiny", help="a model size (default gpt2-tiny)")
-    p.add_argument(
-        "--set",
-        action="append",
-        default=[],
-        metavar="FIELD=VALUE",
-        help="a model field, e.g. --set n_layer=4 (repeatable)",
-    )
-    p.add_argument("--batch-size", type=int, default=16)
-    p.add_argument("--seq-len", type=int, default=256)
+    add_model_flags(p)
     p.add_argument(
         "--plan",
         required=True,
@@ -63,20 +56,13 @@ def main(argv: list[str] | None = None) -> int:
     from colossal_jax.auto.choose import budget_of
     from colossal_jax.auto.hardware import hardware
     from colossal_jax.checks.preflight import check_writable_file
-    from colossal_jax.cli.configure import model_overrides
-    from colossal_jax.config import ConfigError, TrainConfig
+    from colossal_jax.cli.model_flags import model_config
+    from colossal_jax.config import ConfigError
 
     try:
         if args.json is not None:
             check_writable_file("--json", str(args.json), "/tmp/profile.json", name="profile")
-        cfg = TrainConfig(
-            model=args.model,
-            model_overrides=model_overrides(args.model, args.set),
-            batch_size=args.batch_size,
-            seq_len=args.seq_len,
-            devices=args.devices,
-            precision="fp32",
-        )
+        cfg = model_config(args, "fp32")
         hw = hardware("cpu", None)
         try:
             wanted = re.compile(args.plan)

@@ -32,6 +32,8 @@ from pathlib import Path
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    from colossal_jax.cli.model_flags import add_model_flags
+
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument(
         "--devices", type=int, default=8, help="devices (default 8; simulated on the CPU)"
@@ -53,16 +55,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="every ZeRO/remat/offload/accumulation choice of each layout that fits, not only "
         "the planner's pick (the sweep of one device)",
     )
-    p.add_argument("--model", default="gpt2-tiny", help="a model size (default gpt2-tiny)")
-    p.add_argument(
-        "--set",
-        action="append",
-        default=[],
-        metavar="FIELD=VALUE",
-        help="a model field, e.g. --set n_layer=4 (repeatable)",
-    )
-    p.add_argument("--batch-size", type=int, default=16)
-    p.add_argument("--seq-len", type=int, default=256)
+    add_model_flags(p)
     p.add_argument("--steps", type=int, default=0, help="timed steps per plan (0: compile only)")
     p.add_argument(
         "--rounds",
@@ -160,8 +153,8 @@ def main(argv: list[str] | None = None) -> int:
     from colossal_jax.auto.choose import budget_of
     from colossal_jax.auto.hardware import hardware
     from colossal_jax.checks.preflight import check_writable_file
-    from colossal_jax.cli.configure import model_overrides
-    from colossal_jax.config import ConfigError, TrainConfig
+    from colossal_jax.cli.model_flags import model_config
+    from colossal_jax.config import ConfigError
 
     t0 = time.perf_counter()
     try:
@@ -170,14 +163,7 @@ def main(argv: list[str] | None = None) -> int:
         for flag, path, name in outputs:
             if path is not None:
                 check_writable_file(flag, str(path), f"/tmp/{name}", name=name)
-        cfg = TrainConfig(
-            model=args.model,
-            model_overrides=model_overrides(args.model, args.set),
-            batch_size=args.batch_size,
-            seq_len=args.seq_len,
-            devices=args.devices,
-            precision=args.precision or ("fp32" if args.device == "cpu" else "bf16"),
-        )
+        cfg = model_config(args, args.precision or ("fp32" if args.device == "cpu" else "bf16"))
         hw = hardware(args.device, args.memory_gb)
         if args.current and not args.from_json:
             raise ValueError("--current needs --from-json SWEEP.json [MORE.json ...]")
