@@ -57,7 +57,10 @@ RUNTIME = (
 """Prefixes of the trace events that are the runtime's own, not an HLO instruction's (or that
 enclose other events: a ``while`` thunk's event spans its body's)."""
 
-_MATMUL = ("dot", "ynn", "xnn", "onednn", "cublas", "gemm", "custom-call")
+_MATMUL = ("dot", "ynn", "xnn", "onednn")
+"""Name prefixes of XLA:CPU's matmuls: plain ``dot`` and the YNNPACK, XNNPACK and oneDNN
+fusions it lowers them to."""
+
 _COLLECTIVE = (
     "all-reduce",
     "all-gather",
@@ -66,10 +69,9 @@ _COLLECTIVE = (
     "reduce-scatter",
     "reduce_scatter",
     "collective-permute",
-    "ppermute",
-    "psum",
-    "all_",
 )
+"""Name prefixes of the collectives (JAX's ``psum``/``ppermute`` names also count, anywhere in
+the name: ``psum_invariant.162``)."""
 
 
 def kind_of(name: str) -> str | None:
