@@ -21,10 +21,13 @@ one it drops might have fit. A request no plan
 fits exits 2 with one line naming the memory per device that would fit and the plan.
 On ``--device cpu`` (this machine's simulated devices are the target) it then builds and times
 the 3 best-predicted plans (``--measure K`` for another count, 0 for none; a warm-up step, the
-median of 3, paired with the first as the reference; cached on disk) and chooses the fastest
-measured: the model decides which plans lead, a measurement which of them wins (the model's
-error on these devices is larger than the gaps between its leading plans, docs/planner.md).
-``--time-budget`` covers the search and the timing together.
+median of 3, paired with the first as the reference; cached on disk), and the first's layout
+under its best-predicted other remat policy, and chooses the fastest measured: the model
+decides which plans lead, a measurement which of them wins (the model's error on these devices
+is larger than the gaps between its leading plans, and largest on remat, docs/planner.md).
+``--time-budget`` covers the search and the timing together (with the timing, 100 s unless
+given: a plan is timed only while the slowest timed so far would end within it, so a slow host
+times fewer).
 """
 
 from __future__ import annotations
@@ -39,8 +42,16 @@ from pathlib import Path
 from colossal_jax.auto import hardware, memory
 from colossal_jax.auto.choose import budget_of, preset_text, summary
 from colossal_jax.auto.hardware import DEVICES
-from colossal_jax.auto.search import GB, LEADING, Ranked, SearchResult, plan_for, why_lost
-from colossal_jax.auto.timed import Timed, time_best
+from colossal_jax.auto.search import (
+    GB,
+    LEADING,
+    Ranked,
+    SearchResult,
+    other_remat,
+    plan_for,
+    why_lost,
+)
+from colossal_jax.auto.timed import MEASURE_TIME_BUDGET, Timed, time_best
 from colossal_jax.checks.preflight import check_writable_file
 from colossal_jax.cli.configure import model_overrides
 from colossal_jax.config import ConfigError, TrainConfig
@@ -82,7 +93,9 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
         "--time-budget",
         type=float,
         default=None,
-        help="stop searching after S seconds with the best plan found so far",
+        help="stop searching after S seconds with the best plan found so far; with --measure "
+        "it covers the timing too (default: none, or with --measure "
+        f"{MEASURE_TIME_BUDGET:.0f} s, timing as many leading plans as fit)",
     )
     p.add_argument(
         "--verify",
@@ -97,8 +110,9 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
         type=int,
         default=None,
         metavar="K",
-        help="--device cpu: time the K best-predicted plans on the simulated devices (cached) "
-        f"and choose the fastest measured (default {LEADING}; 0: the model alone)",
+        help="--device cpu: time the K best-predicted plans, and the first's layout under its "
+        "best-predicted other remat policy, on the simulated devices (cached) and choose the "
+        f"fastest measured (default {LEADING}; 0: the model alone)",
     )
     p.add_argument(
         "--out",
@@ -228,6 +242,8 @@ def main(argv: list[str] | None = None) -> int:
             )
         if args.top < 1:
             raise ConfigError(f"--top {args.top} must be at least 1 (e.g. --top 10)")
+        if args.time_budget is None and args.measure:
+            args.time_budget = MEASURE_TIME_BUDGET
         if args.out:
             check_writable_file("--out", args.out, "/tmp/plan.toml", name="plan.toml")
         budget = hw.memory_bytes if args.memory_gb is not None else budget_of(hw, n)
@@ -249,7 +265,10 @@ def main(argv: list[str] | None = None) -> int:
             left = None
             if args.time_budget is not None:
                 left = args.time_budget - (time.perf_counter() - start)
-            timed, lines = time_best(result, args.measure, budget, time_budget=left)
+            alt = other_remat(result.best, hw, budget, n)
+            timed, lines = time_best(
+                result, args.measure, budget, time_budget=left, alternative=alt
+            )
             checks += lines
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)

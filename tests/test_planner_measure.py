@@ -202,6 +202,22 @@ def test_the_timed_choice_is_the_fastest_measured_of_the_first_three_predicted(s
     assert summary["best"] == "p4" and summary["regret"] == pytest.approx(2.0 / 1.2 - 1)
     assert summary["timed_choice"] == "p2"
     assert summary["regret_timed"] == pytest.approx(1.5 / 1.2 - 1)
+    # the first's layout under another remat policy, predicted last, is timed by plan.py too
+    first = rows[0].ranked
+    other = dataclasses.replace(
+        rows[0],
+        name="p0-dots",
+        chosen=False,
+        ranked=dataclasses.replace(
+            first,
+            knobs=dataclasses.replace(first.knobs, remat="dots"),
+            prediction=dataclasses.replace(first.prediction, step_s=6.0),
+        ),
+        normalized_s=1.1,
+    )
+    summary = sweep.summarize([*rows, other])
+    assert summary["best"] == summary["timed_choice"] == "p0-dots"
+    assert summary["regret_timed"] == 0.0
 
 
 def test_a_sweep_json_is_read_back_and_predicted_again(swept):
@@ -339,3 +355,24 @@ def test_a_sweep_json_records_the_calibration_its_predictions_used(swept, tmp_pa
     doc = json.loads((tmp_path / "s.json").read_text())
     assert doc["hardware"] == json.loads(json.dumps(record))
     assert len(doc["rows"]) == len(rows)
+
+
+def test_a_plan_starts_only_while_the_slowest_so_far_would_end_within_the_budget(
+    swept, monkeypatch, tmp_path
+):
+    import time
+
+    started: list[str] = []
+
+    def slow(row, steps, cache, reference, round_=0):  # each plan takes 0.2 s
+        started.append(row.name)
+        time.sleep(0.2)
+        row.step_s = 0.1
+
+    monkeypatch.setattr(sweep, "_measure_or_fail", slow)
+    rows = [
+        dataclasses.replace(swept[2][0], name=f"p{i}", rounds=[], cached=False) for i in range(3)
+    ]
+    # the second would start at 0.2 s, inside 0.3 s, but could not end before 0.4 s
+    assert not sweep.run_sweep(rows, 1, cache=Cache("t", tmp_path), time_budget=0.3)
+    assert len(started) == 1

@@ -5,6 +5,7 @@ docs/planner.md."""
 
 from __future__ import annotations
 
+import dataclasses
 from types import SimpleNamespace
 
 import jax
@@ -385,3 +386,20 @@ def test_remat_memory_is_within_10_percent_of_the_compiled_peak(par, remat):
     plan = _plan(remat=remat, model={"n_layer": 8, "n_embd": 256}, seq_len=256, **par)
     compiled = measure.compile_plan(plan).peak_bytes
     assert memory.memory_bytes(plan) == pytest.approx(compiled, rel=0.10)
+
+
+def test_zero_gradient_terms_follow_the_compiled_step():
+    # ZeRO-2 reduce-scatters the gradient after the backward, so at the peak it is ZeRO-1's
+    # whole gradient; ZeRO-3 shards it inside the backward, and without a remat policy keeps
+    # every layer's gathered weights for it (docs/planner_log.md, 2026-12-04)
+    def grads(zero: int, remat: str = "none", **par) -> float:
+        return memory.memory_terms(_plan(remat=remat, data=8, zero=zero, **par))["grads"]
+
+    assert grads(2) == grads(1) == grads(0)
+    assert grads(3, "dots") == pytest.approx(grads(0) / 8)
+    stack = 4 * stack_params(_plan().model)  # the fp32 stack, gathered
+    assert grads(3) - grads(3, "dots") == pytest.approx(stack, rel=0.05)
+    # with accumulation the accumulator beside it: whole below ZeRO-2, a shard from it
+    base = _plan(data=8, zero=2)
+    acc = resolve(dataclasses.replace(base.config, grad_accum=2), base.devices)
+    assert memory.memory_terms(acc)["grads"] == pytest.approx(grads(0) * (1 + 1 / 8))

@@ -11,7 +11,8 @@ import pytest
 from colossal_jax.auto import hardware, measure, sweep
 from colossal_jax.auto.choose import summary
 from colossal_jax.auto.measure import Compiled
-from colossal_jax.auto.search import search
+from colossal_jax.auto.search import every_knob, other_remat, search
+from colossal_jax.auto.space import with_zero
 from colossal_jax.auto.timed import NONE_TIMED, UNTIMED, time_best
 from colossal_jax.config import ConfigError
 from tests.test_planner import _cfg, _script
@@ -77,6 +78,31 @@ def test_a_timed_plan_compiled_over_the_budget_is_never_chosen(monkeypatch):
         time_best(result, 3, budget=1e9)
     with pytest.raises(ConfigError, match="--measure 0 must be at least 1"):
         time_best(result, 0, budget=1e9)
+
+
+def test_the_first_layout_under_another_remat_policy_is_timed_beside_the_leading(monkeypatch):
+    result = _result()
+    hw = hardware.hardware("cpu")
+    first = result.ranked[0]
+    alt = other_remat(first, hw, 2**40, 8)
+    assert alt is not None and alt.knobs.remat != first.knobs.remat
+    assert with_zero(alt.plan.config.parallel, 0) == with_zero(first.plan.config.parallel, 0)
+    # the best-predicted of that layout's other policies
+    same = [r for r in every_knob([first], hw, 2**40, 8)[1:] if r.knobs.remat != first.knobs.remat]
+    assert alt.prediction.step_s == min(r.prediction.step_s for r in same)
+    names = [r.name for r in result.ranked]
+    asked = _fake(
+        monkeypatch, {**dict(zip(names[:3], (0.5, 0.3, 0.4), strict=True)), alt.name: 0.25}, {}
+    )
+    timed, lines = time_best(result, 3, budget=1e9, alternative=alt)
+    assert asked == [*names[:3], alt.name, True]  # timed after the leading three
+    assert result.best is alt and timed[-1].alternative and timed[-1].seconds == 0.25
+    assert [r.name for r in result.ranked[:4]] == [alt.name, names[1], names[2], names[0]]
+    assert "3 best-predicted plans and the first's layout under another remat policy" in lines[0]
+    assert lines[4].startswith(f"   + {alt.name}")
+    assert (
+        f"chosen by measurement: {alt.name} (250.0 ms, the first's remat alternative" in lines[-1]
+    )
 
 
 def test_a_time_budget_that_ends_keeps_the_untimed_plans_in_model_order(monkeypatch):
@@ -151,7 +177,8 @@ def test_auto_plan_with_measure_times_on_the_run_devices_and_logs_the_choice(mon
     lines: list[str] = []
     devices = Devices(count=8, platform="cpu")
     plan = choose.auto_plan(cfg, devices, time_budget=None, log=lines.append, measure=2)
-    assert seen == ["cpu", "cpu"] and plan.devices == devices
+    # the two leading plans and the first's layout under another remat policy
+    assert seen == ["cpu", "cpu", "cpu"] and plan.devices == devices
     assert lines[0].startswith(f"planned: {names[1]}") and "measured 200.0 ms" in lines[0]
     assert any(x.startswith(f"chosen by measurement: {names[1]}") for x in lines)
     # with a time budget, the timing gets what the search left of it

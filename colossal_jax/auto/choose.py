@@ -17,7 +17,14 @@ from collections.abc import Callable, Sequence
 
 from colossal_jax.auto import hardware
 from colossal_jax.auto.hardware import Hardware
-from colossal_jax.auto.search import Ranked, SearchResult, every_knob, plan_for, why_lost
+from colossal_jax.auto.search import (
+    Ranked,
+    SearchResult,
+    every_knob,
+    other_remat,
+    plan_for,
+    why_lost,
+)
 from colossal_jax.auto.timed import Timed, time_best
 from colossal_jax.checks.resolve import bind
 from colossal_jax.config.plan import Devices, Plan
@@ -86,7 +93,8 @@ def auto_plan(
     """The plan the planner chooses for ``cfg`` (its model, batch, sequence and training fields;
     its mesh, modes and memory knobs are replaced) on ``devices`` (default: the devices JAX
     has), bound to them; the chosen plan and why are passed to ``log``. ``measure``: time that
-    many best-predicted plans on ``devices`` and take the fastest measured
+    many best-predicted plans, and the first's layout under another remat policy
+    (:func:`colossal_jax.auto.search.other_remat`), on ``devices`` and take the fastest measured
     (:func:`colossal_jax.auto.timed.time_best`), within what is left of ``time_budget``. Raises
     :class:`~colossal_jax.config.errors.ConfigError` when no plan fits."""
     if devices is None:
@@ -102,7 +110,10 @@ def auto_plan(
     timed: list[Timed] = []
     if measure:  # the timing gets what the search and the compile check left of the budget
         left = None if time_budget is None else time_budget - (time.perf_counter() - start)
-        timed, lines = time_best(result, measure, budget, devices=devices, time_budget=left)
+        alt = other_remat(result.best, hw, budget, n)
+        timed, lines = time_best(
+            result, measure, budget, devices=devices, time_budget=left, alternative=alt
+        )
         checks += lines
     if log is not None:
         for line in summary(result, hw, timed) + checks:

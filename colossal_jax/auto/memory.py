@@ -265,9 +265,13 @@ def memory_terms(plan: Plan, *, floor: bool = False) -> dict[str, float]:
     - ``state``: parameters and optimizer slots as stored (split by tensor, pipeline and ZeRO;
       the step donates them, so its outputs alias them); offloaded state counts on the
       simulated CPU devices, whose host memory is their memory, and not on a GPU;
-    - ``grads``: the fp32 gradient (split by ZeRO from stage 2), the accumulator beside it with
-      accumulation below stage 2, under bf16/fp16 a 16-bit parameter copy and the 16-bit
-      gradient before its cast to fp32, ZeRO-3's gathered layer, a pipeline's gathered rest;
+    - ``grads``: the fp32 gradient the backward produces (whole below ZeRO-3: ZeRO-2
+      reduce-scatters it after the backward, so its compiled peak equals ZeRO-1's; ZeRO-3
+      inside it, layer by layer), with accumulation the accumulator beside it (whole below
+      stage 2, a shard from it), under bf16/fp16 a 16-bit parameter copy and the 16-bit
+      gradient before its cast to fp32, under ZeRO-3 with ``remat=none`` every layer's
+      gathered weights (kept for its backward; a policy that recomputes gathers them again
+      there), a pipeline's gathered rest;
     - ``kept``: the activations the remat policy keeps (:func:`kept_elements`) for every
       layer, without a pipeline; ``pipe_kept`` the same for every layer of a stage and every
       microbatch in flight, with one; ``pipe_body`` (fused backward) or ``pipe_body_split``
@@ -296,16 +300,20 @@ def memory_terms(plan: Plan, *, floor: bool = False) -> dict[str, float]:
         moments *= plan.offload == "none"
         params *= plan.offload != "params"
     state = params + moments
-    grads = 4 * n / over(2)
+    # the whole fp32 gradient is at the peak below ZeRO-3: ZeRO-2 reduce-scatters it after the
+    # backward (its compiled temp equals ZeRO-1's under every remat policy, docs/memory.md);
+    # ZeRO-3 inside it
+    grads = 4 * n / over(3)
     if par.pipelined:  # the rest gathered whole over pipe for the step, in the compute dtype
         grads += act_bytes(plan) * rest_params_per_device(plan)
-    if plan.grad_accum > 1 and plan.zero < 2:
+    if plan.grad_accum > 1:  # the accumulator beside it: whole below ZeRO-2, else a shard
         grads += 4 * n / over(2)
     if plan.precision != "fp32":  # the 16-bit parameter copy, the 16-bit gradient before its cast
         # (ZeRO-3 reduce-scatters each layer's gradient inside the backward pass: one layer's)
         grads += 2 * n / over(3) + (2 * n if plan.zero < 3 else 2 * n / L)
-    if plan.zero == 3:
-        grads += 2 * 4 * (4 * h * h + 2 * h * w) / param_split(par)
+    if plan.zero == 3 and plan.remat == "none":  # every layer's gathered weights kept for its
+        # backward; a policy that recomputes gathers them again there instead
+        grads += 4 * (L // par.pipe) * (4 * h * h + 2 * h * w) / param_split(par)
     ab = act_bytes(plan)
     tok = tokens_per_microbatch(plan)
     layers = L // par.pipe

@@ -199,6 +199,16 @@ def every_knob(chosen: list[Ranked], hw: Hardware, budget: float, n: int) -> lis
     return [chosen[0], *sorted([*chosen[1:], *out], key=lambda r: r.prediction.step_s)]
 
 
+def other_remat(first: Ranked, hw: Hardware, budget: float, n: int) -> Ranked | None:
+    """The best-predicted knob combination of ``first``'s layout under a remat policy other
+    than ``first``'s that fits ``budget`` and resolves (None when there is none): the knob on
+    which the CPU's measured step and the model disagree most (docs/planner.md, "Limits":
+    every remat policy of the leading layouts measured faster than ``none``, priced dearer),
+    so :func:`colossal_jax.auto.timed.time_best` times it beside the leading plans."""
+    others = every_knob([first], hw, budget, n)[1:]
+    return next((r for r in others if r.knobs.remat != first.knobs.remat), None)
+
+
 def search(
     cfg: TrainConfig,
     n: int,

@@ -40,6 +40,7 @@ from colossal_jax.auto.cache import Cache, plan_key
 from colossal_jax.auto.hardware import Hardware
 from colossal_jax.auto.measure import Compiled, Stepper, measure_plan
 from colossal_jax.auto.search import Ranked, search
+from colossal_jax.auto.space import with_zero
 from colossal_jax.checks.resolve import resolve
 from colossal_jax.config.errors import ConfigError
 from colossal_jax.config.schema import TrainConfig
@@ -177,7 +178,9 @@ def run_sweep(
 
     The rows are measured in :func:`spread` order, so a sweep cut short — ``time_budget``
     seconds passed, or an interrupt (Ctrl-C) — has measured plans spread over the whole
-    ranking; the others stay unmeasured. With ``rounds`` above 1 the whole order is timed
+    ranking; the others stay unmeasured. A plan is not started when the slowest plan
+    measured so far would no longer end within ``time_budget``, so the budget bounds the
+    sweep's own time on a slow host too. With ``rounds`` above 1 the whole order is timed
     again that many times and each plan keeps one round's times (:func:`combine_rounds`: the
     median relative time when paired). Returns whether every row was measured in every
     round."""
@@ -185,15 +188,18 @@ def run_sweep(
 
     cache = cache if cache is not None else Cache("measured")
     reference = _Reference(rows[0].ranked.plan, rows[0].name) if paired and steps > 0 else None
-    start, done = time.perf_counter(), 0
+    start, done, slowest = time.perf_counter(), 0, 0.0
     rounds = max(1, rounds) if steps > 0 else 1
     try:
         for r in range(rounds):
             for row in (rows[i] for i in spread(len(rows))):
-                if time_budget is not None and time.perf_counter() - start > time_budget:
+                began = time.perf_counter()
+                if time_budget is not None and began - start + slowest > time_budget:
                     raise TimeoutError
                 if row.error is None:
                     _measure_or_fail(row, steps, cache, reference, r)
+                if not row.cached:
+                    slowest = max(slowest, time.perf_counter() - began)
                 jax.clear_caches()
                 done += 1
                 if progress is not None:
@@ -343,8 +349,9 @@ def summarize(rows: list[Row]) -> dict[str, Any]:
     and measured step time, the largest memory error (and its plan), the chosen and the best
     measured plan and the regret (None where nothing was timed), and ``regret_timed``: that of
     the fastest measured of the :data:`~colossal_jax.auto.search.LEADING` best-predicted plans
-    (``timed_choice``), the choice ``scripts/plan.py --device cpu`` makes by timing them, as
-    this sweep measured them."""
+    and of the first's layout under its best-predicted other remat policy where the sweep has
+    it (``timed_choice``), the choice ``scripts/plan.py --device cpu`` makes by timing them,
+    as this sweep measured them."""
     ok = [r for r in rows if r.compiled is not None]
     timed = [r for r in ok if r.seconds is not None]
     worst = max(ok, key=lambda r: r.memory_error or 0.0, default=None)
@@ -376,6 +383,7 @@ def summarize(rows: list[Row]) -> dict[str, Any]:
             out["chosen_step_s"] = chosen.seconds
             out["regret"] = chosen.seconds / best.seconds - 1
         leading = sorted(rows, key=lambda r: r.ranked.prediction.step_s)[: search_.LEADING]
+        leading += _remat_alternative(rows, leading[0])
         ran = [r for r in leading if r.seconds is not None]
         if ran:
             fastest = min(ran, key=lambda r: r.seconds)
@@ -386,6 +394,19 @@ def summarize(rows: list[Row]) -> dict[str, Any]:
         out["rounds"] = n_rounds
         out["first_round"] = _round_summary(rows, 0)
     return out
+
+
+def _remat_alternative(rows: list[Row], first: Row) -> list[Row]:
+    """The row of ``first``'s layout under the best-predicted other remat policy, as a list of
+    one (none when the sweep has no such row): :func:`colossal_jax.auto.search.other_remat`
+    among the sweep's rows."""
+
+    def layout(r: Row) -> object:
+        return with_zero(r.ranked.plan.config.parallel, 0)
+
+    remat = first.ranked.knobs.remat
+    same = [r for r in rows if layout(r) == layout(first) and r.ranked.knobs.remat != remat]
+    return sorted(same, key=lambda r: r.ranked.prediction.step_s)[:1]
 
 
 def _round_summary(rows: list[Row], k: int) -> dict[str, Any]:

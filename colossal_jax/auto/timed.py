@@ -10,12 +10,17 @@ timed ones; on the CPU paired with the model's first plan as the reference; kept
 cache keyed by the plan, JAX, the devices, the source and the reference, so a second search
 reads them), drops those that failed or whose compiled peak is over the budget, and puts the
 fastest measured first. What the step costs on these devices then decides among the leading
-plans; the model still decides which plans lead. It times on the devices this process has, so
+plans; the model still decides which plans lead. Beside them it times the model's first layout
+under the best-predicted other remat policy (:func:`colossal_jax.auto.search.other_remat`, when
+the caller passes it): the knob on which the CPU's measured step and the model disagree most
+(docs/planner.md, "Limits"), so a measurement, not the model's remat price, settles it for the
+leading layout. It times on the devices this process has, so
 it serves a search for those devices (the simulated CPU devices of ``scripts/plan.py --device
 cpu``, or a run's own GPUs through :func:`colossal_jax.auto.choose.auto_plan`), not a cluster
 planned from here.
 
-Cost: ``k`` builds and compiles plus ``(steps + 1)·k`` steps, and when paired
+Cost: ``k`` builds and compiles plus ``(steps + 1)·k`` steps (``k + 1`` with the remat
+alternative), and when paired
 :data:`~colossal_jax.auto.sweep.REFERENCE_STEPS` reference steps before and after each plan.
 """
 
@@ -33,6 +38,12 @@ if TYPE_CHECKING:
 
 MEASURE_STEPS = 3
 """Timed steps per plan (their median; one warm-up step before them)."""
+
+MEASURE_TIME_BUDGET = 100.0
+"""Seconds ``scripts/plan.py`` gives its search and timing together when it times plans and
+no ``--time-budget`` is given: a cold run within two minutes on any host, JAX's import and
+the table included (docs/planner.md). A plan starts only while the slowest timed so far would end
+within it (:func:`colossal_jax.auto.sweep.run_sweep`), so a slower host times fewer."""
 
 UNTIMED = "the time budget ended before it was timed"
 """Why a leading plan has no measured time when the time budget ran out first."""
@@ -54,6 +65,7 @@ class Timed:
     peak_bytes: float | None
     why_not: str | None
     cached: bool
+    alternative: bool = False
 
 
 def time_best(
@@ -63,6 +75,7 @@ def time_best(
     steps: int = MEASURE_STEPS,
     devices: Devices | None = None,
     time_budget: float | None = None,
+    alternative: Ranked | None = None,
 ) -> tuple[list[Timed], list[str]]:
     """Time the ``k`` best-predicted plans of ``result`` (this module's docstring; bound to
     ``devices`` first when given, a run's own) and reorder ``result.ranked``: the timed plans
@@ -71,9 +84,12 @@ def time_best(
     (:func:`colossal_jax.auto.sweep.run_sweep`: one reference step before and after each, the
     ratio times the reference's median), since the shared host's speed drifts by ±10% within
     minutes; on GPUs each plan is timed alone (a reference would hold a second state in
-    memory). ``time_budget``: seconds the timings may take; a plan not started by then stays
-    untimed, and when none was timed the model's order stands (the lines say so). Returns the
-    timed candidates (model order) and the lines that report them. Raises
+    memory). ``alternative``: a plan timed after the leading ones and counted with them (the
+    first's layout under another remat policy, :func:`colossal_jax.auto.search.other_remat`;
+    its place in the model's order is not the first ``k``). ``time_budget``: seconds the
+    timings may take; a plan not started by then stays untimed, and when none was timed the
+    model's order stands (the lines say so). Returns the timed candidates (model order, the
+    alternative last) and the lines that report them. Raises
     :class:`ConfigError` when ``k`` or ``steps`` is below 1, or when every timed plan failed
     or compiled over ``budget``."""
     from colossal_jax.auto import sweep
@@ -84,6 +100,8 @@ def time_best(
     if steps < 1:
         raise ConfigError(f"steps={steps} must be at least 1 to time a plan (e.g. 3)")
     leading = list(result.ranked[:k])
+    extra = [alternative] if alternative is not None and alternative not in leading else []
+    leading += extra
     rows = [
         sweep.Row(r.name, r if devices is None else replace(r, plan=bind(r.plan, devices)), i == 0)
         for i, r in enumerate(leading)
@@ -93,6 +111,8 @@ def time_best(
         return [], [NONE_TIMED]
     sweep.run_sweep(rows, steps, paired=paired, time_budget=time_budget)
     timed = [_timed(r, rank, rows[rank], budget) for rank, r in enumerate(leading)]
+    if extra:
+        timed[-1] = replace(timed[-1], alternative=True)
     ran = sorted((t for t in timed if t.seconds is not None), key=lambda t: t.seconds)
     untimed = [t.ranked for t in timed if t.why_not == UNTIMED]
     if not ran and not untimed:
@@ -101,7 +121,8 @@ def time_best(
             f"none of the best {len(timed)} plans ran within the budget {budget / GB:.2f} GB "
             f"per device ({why}); give more --memory-gb or more --devices"
         )
-    result.ranked[:] = [t.ranked for t in ran] + untimed + list(result.ranked[k:])
+    rest = [r for r in result.ranked[k:] if r not in extra]
+    result.ranked[:] = [t.ranked for t in ran] + untimed + rest
     return timed, report(timed, ran[0] if ran else None, steps, paired)
 
 
@@ -123,7 +144,10 @@ def report(timed: list[Timed], fastest: Timed | None, steps: int, paired: bool) 
     choice (``fastest`` None: none was timed before the time budget ended)."""
     cached = sum(t.cached for t in timed)
     how = "paired with the first as the reference, " if paired else ""
-    what = "best-predicted plan" if len(timed) == 1 else f"{len(timed)} best-predicted plans"
+    k = sum(not t.alternative for t in timed)
+    what = "best-predicted plan" if k == 1 else f"{k} best-predicted plans"
+    if k < len(timed):
+        what += " and the first's layout under another remat policy"
     lines = [
         f"timed the {what} on this process's devices ({how}median "
         f"of {steps} steps after a warm-up{f'; {cached} from the cache' if cached else ''}):"
@@ -131,9 +155,8 @@ def report(timed: list[Timed], fastest: Timed | None, steps: int, paired: bool) 
     for t in timed:
         p = t.ranked.prediction
         measured = f"measured {t.seconds * 1e3:8.1f} ms" if t.seconds is not None else t.why_not
-        lines.append(
-            f"  {t.rank + 1:>2} {t.ranked.name:64} predicted {p.step_s * 1e3:8.1f} ms  {measured}"
-        )
+        place = " +" if t.alternative else f"{t.rank + 1:>2}"
+        lines.append(f"  {place} {t.ranked.name:64} predicted {p.step_s * 1e3:8.1f} ms  {measured}")
     if fastest is None or fastest.seconds is None:
         return [*lines, NONE_TIMED]
     chosen = f"chosen by measurement: {fastest.ranked.name} ({fastest.seconds * 1e3:.1f} ms"
@@ -144,8 +167,13 @@ def report(timed: list[Timed], fastest: Timed | None, steps: int, paired: bool) 
         lines.append(f"{chosen}; the model's first: {first.why_not})")
     else:
         gain = first.seconds / fastest.seconds - 1
+        which = (
+            "the first's remat alternative"
+            if fastest.alternative
+            else (f"the model's #{fastest.rank + 1}")
+        )
         lines.append(
-            f"{chosen}, the model's #{fastest.rank + 1}; {gain:.0%} faster than the model's "
+            f"{chosen}, {which}; {gain:.0%} faster than the model's "
             f"first, {first.seconds * 1e3:.1f} ms)"
         )
     return lines
