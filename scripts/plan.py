@@ -25,9 +25,10 @@ median of 3, paired with the first as the reference; cached on disk), and the fi
 under its best-predicted other remat policy, and chooses the fastest measured: the model
 decides which plans lead, a measurement which of them wins (the model's error on these devices
 is larger than the gaps between its leading plans, and largest on remat, docs/planner.md).
-``--time-budget`` covers the search and the timing together (with the timing, 100 s unless
-given: a plan is timed only while the slowest timed so far would end within it, so a slow host
-times fewer).
+``--time-budget`` covers the search and the timing together; without it the timing has 80 s
+of its own: a plan is timed only while the slowest timed so far would end within it, so a slow
+host times fewer, and a plan read from the cache counts the time its timing took, so a second
+run chooses as the first did.
 """
 
 from __future__ import annotations
@@ -94,8 +95,8 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
         type=float,
         default=None,
         help="stop searching after S seconds with the best plan found so far; with --measure "
-        "it covers the timing too (default: none, or with --measure "
-        f"{MEASURE_TIME_BUDGET:.0f} s, timing as many leading plans as fit)",
+        "it covers the timing too (default: no limit on the search, and "
+        f"{MEASURE_TIME_BUDGET:.0f} s for the timing: as many leading plans as fit)",
     )
     p.add_argument(
         "--verify",
@@ -110,9 +111,9 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
         type=int,
         default=None,
         metavar="K",
-        help="--device cpu: time the K best-predicted plans, and the first's layout under its "
-        "best-predicted other remat policy, on the simulated devices (cached) and choose the "
-        f"fastest measured (default {LEADING}; 0: the model alone)",
+        help="--device cpu: time the K best-predicted plans, and with K ≥ 2 the first's layout "
+        "under its best-predicted other remat policy, on the simulated devices (cached); "
+        f"choose the fastest measured (default {LEADING}; 0: the model alone)",
     )
     p.add_argument(
         "--out",
@@ -242,8 +243,6 @@ def main(argv: list[str] | None = None) -> int:
             )
         if args.top < 1:
             raise ConfigError(f"--top {args.top} must be at least 1 (e.g. --top 10)")
-        if args.time_budget is None and args.measure:
-            args.time_budget = MEASURE_TIME_BUDGET
         if args.out:
             check_writable_file("--out", args.out, "/tmp/plan.toml", name="plan.toml")
         budget = hw.memory_bytes if args.memory_gb is not None else budget_of(hw, n)
@@ -262,7 +261,7 @@ def main(argv: list[str] | None = None) -> int:
         ranking = table(result, hw, n, args.top)
         timed: list[Timed] = []
         if args.measure:
-            left = None
+            left = MEASURE_TIME_BUDGET  # the timing's own, unless the search shares one
             if args.time_budget is not None:
                 left = args.time_budget - (time.perf_counter() - start)
             alt = other_remat(result.best, hw, budget, n)

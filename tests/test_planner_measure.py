@@ -376,3 +376,19 @@ def test_a_plan_starts_only_while_the_slowest_so_far_would_end_within_the_budget
     # the second would start at 0.2 s, inside 0.3 s, but could not end before 0.4 s
     assert not sweep.run_sweep(rows, 1, cache=Cache("t", tmp_path), time_budget=0.3)
     assert len(started) == 1
+
+    # with replay a cached plan counts the seconds its timing took when it was timed: a run
+    # with the cache warm stops where the cold one did; without, it reads every cached plan
+    def cached(row, steps, cache, reference, round_=0):
+        started.append(row.name)
+        row.cached, row.cost_s, row.step_s = True, 0.2, 0.1
+
+    monkeypatch.setattr(sweep, "_measure_or_fail", cached)
+    for replay, n in ((True, 1), (False, 3)):
+        started.clear()
+        rows = [
+            dataclasses.replace(swept[2][0], name=f"p{i}", rounds=[], cached=False)
+            for i in range(3)
+        ]
+        sweep.run_sweep(rows, 1, cache=Cache("t", tmp_path), time_budget=0.3, replay=replay)
+        assert len(started) == n

@@ -260,7 +260,8 @@ def scores_per_token(plan: Plan, *, kept: bool = True) -> float:
 
 def memory_terms(plan: Plan, *, floor: bool = False) -> dict[str, float]:
     """The terms of the predicted peak per device, in bytes (weights :data:`MEMORY_COEF`;
-    ``floor``: as :func:`working_bytes`):
+    ``floor``: as :func:`working_bytes`, and without a pipeline's gradient slots, which
+    need its schedule built):
 
     - ``state``: parameters and optimizer slots as stored (split by tensor, pipeline and ZeRO;
       the step donates them, so its outputs alias them); offloaded state counts on the
@@ -328,6 +329,7 @@ def memory_terms(plan: Plan, *, floor: bool = False) -> dict[str, float]:
     chunk_grad = grad_slots = 0.0
     if par.pipelined:  # a tick's chunk gradient (fp32), and the output gradients waiting
         chunk_grad = 4 * stage_stack_params(plan) / plan.virtual_stages
+    if par.pipelined and not floor:  # (the floor builds no schedule: none of its slots)
         _, slots = pipeline_shape(plan)
         grad_slots = slots["gradient"] * ab * tok * h / act_split(plan)
     # the vocabulary split by the tensor mode, and under a grid the rows by the rest of the
@@ -359,16 +361,19 @@ def chunk_bytes(plan: Plan) -> float:
 def memory_bytes(plan: Plan, *, floor: bool = False) -> float:
     """The predicted peak bytes per device: :func:`memory_terms` weighted by
     :data:`MEMORY_COEF`. With ``floor``, a lower bound of it that compiles no ring attention
-    (the ring kernel's score blocks taken as none; every term and weight is non-negative and
-    grows with them): the planner prices a plan only when its floor fits, and finds the least
-    memory of a request nothing fits by pricing plans in order of their floors."""
+    and builds no pipeline schedule (the ring kernel's score blocks and the schedule's gradient
+    slots taken as none; every term and weight is non-negative and grows with them): the
+    planner prices a plan only when its floor fits, and finds the least memory of a request
+    nothing fits by pricing plans in order of their floors."""
     return weighted(memory_terms(plan, floor=floor))
 
 
 def floor_is_exact(plan: Plan) -> bool:
     """Whether :func:`memory_bytes` with ``floor`` is the prediction itself: no ring kernel's
-    compiled blocks (ring attention, ring self-attention) are left out of it."""
-    return not (ring_attention(plan) or ring_self_attention(plan))
+    compiled blocks (ring attention, ring self-attention) and no schedule's gradient slots
+    (a pipeline) are left out of it."""
+    pipelined = plan.config.parallel.pipelined
+    return not (ring_attention(plan) or ring_self_attention(plan) or pipelined)
 
 
 def weighted(terms: dict[str, float]) -> float:

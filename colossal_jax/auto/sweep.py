@@ -13,12 +13,14 @@ time). What the sweep reports (:func:`summarize`):
 On a shared machine the load changes while a sweep runs (here: load averages of 5 to 30 on 2
 cores), and a plan's step time scales with it. With ``paired`` (the default of
 ``scripts/sweep_meshes.py``) the planner's choice is kept compiled as a *reference*, and one
-reference step runs just before and one just after each plan is measured; a plan's
-*relative* time is its median step over the mean of those two, and its *normalised* time that
-ratio times the reference's median over the sweep. Rankings, the correlation and the regret
-use the relative times (raw times are kept beside them). With ``rounds`` the whole sweep is
-timed that many times over and each plan keeps its median round (paired; unpaired its
-fastest); the summary gives the first round's correlation and regret beside.
+reference's median of :data:`REFERENCE_STEPS` steps is taken just before and just after each
+plan is measured (one such set serving as one plan's after and the next plan's before, when
+nothing ran between); a plan's *relative* time is its median step over the mean of those
+two, and its *normalised* time that ratio times the reference's median over the sweep.
+Rankings, the correlation and the regret use the relative times (raw times are kept beside
+them). With ``rounds`` the whole sweep is timed that many times over and each plan keeps its
+median round (paired; unpaired its fastest); the summary gives the first round's correlation
+and regret beside.
 - the memory error of each plan, ``|predicted − compiled peak| / compiled peak`` (the compiled
   peak: ``argument + output − alias + temp`` bytes of ``memory_analysis()``), and its largest;
 - the regret: the measured step time of the planner's choice over the best measured, minus 1.
@@ -65,6 +67,9 @@ class Row:
     rounds: list[tuple[float, float | None]] = dataclasses.field(default_factory=list)
     """Every round's ``(step_s, reference_s)``; ``step_s`` and ``reference_s`` are the kept
     round's (:func:`combine_rounds`)."""
+    cost_s: float | None = None
+    """Seconds measuring the plan took (a cached row's: when it was measured; None when the
+    cache did not record it)."""
 
     @property
     def seconds(self) -> float | None:
@@ -169,6 +174,7 @@ def run_sweep(
     paired: bool = False,
     time_budget: float | None = None,
     rounds: int = 1,
+    replay: bool = False,
 ) -> bool:
     """Measure the rows in place: compiled figures and, with ``steps``, the median of ``steps``
     steps after a warm-up (with ``paired``, between two steps of the reference, the first
@@ -180,26 +186,32 @@ def run_sweep(
     seconds passed, or an interrupt (Ctrl-C) — has measured plans spread over the whole
     ranking; the others stay unmeasured. A plan is not started when the slowest plan
     measured so far would no longer end within ``time_budget``, so the budget bounds the
-    sweep's own time on a slow host too. With ``rounds`` above 1 the whole order is timed
-    again that many times and each plan keeps one round's times (:func:`combine_rounds`: the
-    median relative time when paired). Returns whether every row was measured in every
-    round."""
+    sweep's own time on a slow host too. With ``replay`` a plan read from the cache counts the
+    seconds its measuring took when it was measured, so a run with the cache warm makes the
+    same choices as the cold run it repeats (and takes none of that time). With ``rounds``
+    above 1 the whole order is timed again that many times and each plan keeps one round's
+    times (:func:`combine_rounds`: the median relative time when paired). Returns whether
+    every row was measured in every round."""
     import jax
 
     cache = cache if cache is not None else Cache("measured")
     reference = _Reference(rows[0].ranked.plan, rows[0].name) if paired and steps > 0 else None
-    start, done, slowest = time.perf_counter(), 0, 0.0
+    done, spent, slowest = 0, 0.0, 0.0
     rounds = max(1, rounds) if steps > 0 else 1
     try:
         for r in range(rounds):
             for row in (rows[i] for i in spread(len(rows))):
-                began = time.perf_counter()
-                if time_budget is not None and began - start + slowest > time_budget:
+                if time_budget is not None and spent + slowest > time_budget:
                     raise TimeoutError
+                began = time.perf_counter()
                 if row.error is None:
                     _measure_or_fail(row, steps, cache, reference, r)
-                if not row.cached:
-                    slowest = max(slowest, time.perf_counter() - began)
+                took = time.perf_counter() - began
+                if row.cached and replay and row.cost_s is not None:
+                    took = row.cost_s
+                spent += took
+                if not row.cached or replay:
+                    slowest = max(slowest, took)
                 jax.clear_caches()
                 done += 1
                 if progress is not None:
@@ -250,6 +262,8 @@ def _measure_or_fail(
     try:
         _measure(row, steps, cache, reference, round_)
     except Exception as e:  # one plan's failure is a result of the sweep, not its end
+        if reference is not None:
+            reference.forget()
         row.error = f"{type(e).__name__}: {str(e).splitlines()[0][:200]}"
         print(f"warning: {row.name}: {row.error}", file=sys.stderr)
 
@@ -265,6 +279,7 @@ class _Reference:
     def __init__(self, plan: Any, name: str):
         self.plan, self.name = plan, name
         self._stepper: Stepper | None = None
+        self._after: float | None = None
 
     def stepper(self) -> Stepper:
         """The reference's compiled step, warmed up."""
@@ -276,6 +291,24 @@ class _Reference:
     def step(self) -> float:
         """The median seconds of :data:`REFERENCE_STEPS` reference steps."""
         return self.stepper().time(REFERENCE_STEPS)
+
+    def before(self) -> float:
+        """The reference's median before a plan: the previous plan's :meth:`after` when nothing
+        was timed since (the same steps serve both neighbours), else :meth:`step`."""
+        if self._after is not None:
+            t, self._after = self._after, None
+            return t
+        return self.step()
+
+    def after(self) -> float:
+        """The reference's median after a plan, kept as the next plan's :meth:`before`."""
+        self._after = self.step()
+        return self._after
+
+    def forget(self) -> None:
+        """Something ran since :meth:`after` (a plan that failed): the next plan times its own
+        :meth:`before`."""
+        self._after = None
 
 
 def normalize(rows: list[Row]) -> None:
@@ -300,20 +333,25 @@ def _measure(
         extra = (*extra, "round", round_)
     key, parts = plan_key(row.ranked.plan, "paired" if reference else "measured", *extra)
     hit = cache.get(key)
+    t0 = time.perf_counter()
     if hit is not None:
         row.compiled = Compiled.from_json(hit["compiled"])
         row.step_s, row.reference_s, row.cached = hit["step_s"], hit.get("reference_s"), True
+        row.cost_s = hit.get("seconds")
     else:
-        before = reference.step() if reference is not None else None
+        before = reference.before() if reference is not None else None
         if reference is not None and row.ranked.plan is reference.plan:  # compiled already
             stepper = reference.stepper()
             row.compiled, row.step_s = stepper.figures, stepper.time(steps)
         else:
             row.compiled, row.step_s = measure_plan(row.ranked.plan, steps)
         if reference is not None and before is not None:
-            row.reference_s = (before + reference.step()) / 2
+            row.reference_s = (before + reference.after()) / 2
+        row.cost_s = time.perf_counter() - t0
         value = {"compiled": row.compiled.to_json(), "step_s": row.step_s}
-        cache.put(key, {**value, "reference_s": row.reference_s}, about=parts)
+        cache.put(
+            key, {**value, "reference_s": row.reference_s, "seconds": row.cost_s}, about=parts
+        )
     if row.step_s is not None:
         row.rounds.append((row.step_s, row.reference_s))
 

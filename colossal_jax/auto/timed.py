@@ -21,7 +21,8 @@ planned from here.
 
 Cost: ``k`` builds and compiles plus ``(steps + 1)·k`` steps (``k + 1`` with the remat
 alternative), and when paired
-:data:`~colossal_jax.auto.sweep.REFERENCE_STEPS` reference steps before and after each plan.
+:data:`~colossal_jax.auto.sweep.REFERENCE_STEPS` reference steps between consecutive plans and
+before the first (one set is one plan's after and the next's before).
 """
 
 from __future__ import annotations
@@ -39,11 +40,13 @@ if TYPE_CHECKING:
 MEASURE_STEPS = 3
 """Timed steps per plan (their median; one warm-up step before them)."""
 
-MEASURE_TIME_BUDGET = 100.0
-"""Seconds ``scripts/plan.py`` gives its search and timing together when it times plans and
-no ``--time-budget`` is given: a cold run within two minutes on any host, JAX's import and
-the table included (docs/planner.md). A plan starts only while the slowest timed so far would end
-within it (:func:`colossal_jax.auto.sweep.run_sweep`), so a slower host times fewer."""
+MEASURE_TIME_BUDGET = 80.0
+"""Seconds ``scripts/plan.py`` gives the timing of its leading plans when no ``--time-budget``
+is given: the 4-layer GPT's four (about 16 s each on the host of 2026-12-03) fit, and on a host
+2.5× slower the cold run stays within two minutes with fewer timed (docs/planner.md). A plan
+starts only while the slowest timed so far would end within it, a cached plan counting the
+seconds its timing took (:func:`colossal_jax.auto.sweep.run_sweep` with ``replay``), so a
+second run times and chooses as the first did."""
 
 UNTIMED = "the time budget ended before it was timed"
 """Why a leading plan has no measured time when the time budget ran out first."""
@@ -78,20 +81,19 @@ def time_best(
     alternative: Ranked | None = None,
 ) -> tuple[list[Timed], list[str]]:
     """Time the ``k`` best-predicted plans of ``result`` (this module's docstring; bound to
-    ``devices`` first when given, a run's own) and reorder ``result.ranked``: the timed plans
-    that ran and fit by measured time first, then the untimed rest in predicted order. On
-    simulated CPU devices the timings are paired with the model's first plan as the reference
-    (:func:`colossal_jax.auto.sweep.run_sweep`: one reference step before and after each, the
-    ratio times the reference's median), since the shared host's speed drifts by ±10% within
-    minutes; on GPUs each plan is timed alone (a reference would hold a second state in
-    memory). ``alternative``: a plan timed after the leading ones and counted with them (the
-    first's layout under another remat policy, :func:`colossal_jax.auto.search.other_remat`;
-    its place in the model's order is not the first ``k``). ``time_budget``: seconds the
-    timings may take; a plan not started by then stays untimed, and when none was timed the
+    ``devices`` first when given, a run's own) and reorder ``result.ranked``: the timed plans that
+    ran and fit by measured time first, then the untimed rest in predicted order. On simulated CPU
+    devices the timings are paired with the model's first plan as the reference
+    (:func:`colossal_jax.auto.sweep.run_sweep`: reference steps before and after each, the ratio
+    times the reference's median), since the shared host's speed drifts by ±10% within minutes; on
+    GPUs each plan is timed alone (a reference would hold a second state in memory).
+    ``alternative``: a plan timed after the leading ones and counted with them (the first's layout
+    under another remat policy, :func:`colossal_jax.auto.search.other_remat`; its place in the
+    model's order is not the first ``k``; timed when ``k`` is 2 or more). ``time_budget``: seconds
+    the timings may take; a plan not started by then stays untimed, and when none was timed the
     model's order stands (the lines say so). Returns the timed candidates (model order, the
-    alternative last) and the lines that report them. Raises
-    :class:`ConfigError` when ``k`` or ``steps`` is below 1, or when every timed plan failed
-    or compiled over ``budget``."""
+    alternative last) and the lines that report them. Raises :class:`ConfigError` when ``k`` or
+    ``steps`` is below 1, or when every timed plan failed or compiled over ``budget``."""
     from colossal_jax.auto import sweep
     from colossal_jax.checks.resolve import bind
 
@@ -100,7 +102,10 @@ def time_best(
     if steps < 1:
         raise ConfigError(f"steps={steps} must be at least 1 to time a plan (e.g. 3)")
     leading = list(result.ranked[:k])
-    extra = [alternative] if alternative is not None and alternative not in leading else []
+    # with k = 1 the model's first is timed alone, as asked
+    extra = (
+        [alternative] if k > 1 and alternative is not None and alternative not in leading else []
+    )
     leading += extra
     rows = [
         sweep.Row(r.name, r if devices is None else replace(r, plan=bind(r.plan, devices)), i == 0)
@@ -109,7 +114,7 @@ def time_best(
     paired = all(row.ranked.plan.devices.platform == "cpu" for row in rows)
     if time_budget is not None and time_budget <= 0:
         return [], [NONE_TIMED]
-    sweep.run_sweep(rows, steps, paired=paired, time_budget=time_budget)
+    sweep.run_sweep(rows, steps, paired=paired, time_budget=time_budget, replay=True)
     timed = [_timed(r, rank, rows[rank], budget) for rank, r in enumerate(leading)]
     if extra:
         timed[-1] = replace(timed[-1], alternative=True)
