@@ -149,7 +149,7 @@ def main(argv: list[str] | None = None) -> int:
         from colossal_jax.runtime.devices import simulate_cpu_devices
 
         simulate_cpu_devices(args.devices, force_cpu=True)
-    from colossal_jax.auto import sweep, sweep_report
+    from colossal_jax.auto import sweep, sweep_report, sweep_summary
     from colossal_jax.auto.choose import budget_of
     from colossal_jax.auto.hardware import hardware
     from colossal_jax.checks.preflight import check_writable_file
@@ -211,7 +211,7 @@ def main(argv: list[str] | None = None) -> int:
             return 2
         return 0
     complete = True if args.from_json else measure(rows, args)
-    summary = sweep.summarize(rows)
+    summary = sweep_summary.summarize(rows)
     summary["complete"] = complete
     summary["seconds"] = time.perf_counter() - t0
     print(sweep_report.table(rows))

@@ -17,13 +17,13 @@ from jax.sharding import PartitionSpec as P
 
 from colossal_jax.analysis.axes import axis_bytes, group_axes, partition
 from colossal_jax.analysis.hlo import device_groups
-from colossal_jax.auto import measure, sweep, sweep_report
+from colossal_jax.auto import measure, sweep, sweep_report, sweep_summary
 from colossal_jax.auto.cache import Cache, plan_key
 from colossal_jax.auto.calibrate import fit_alpha_beta
 from colossal_jax.auto.choose import budget_of
 from colossal_jax.auto.hardware import hardware
 from colossal_jax.auto.measure import Compiled
-from colossal_jax.auto.sweep import spearman
+from colossal_jax.auto.sweep_summary import spearman
 from colossal_jax.checks.resolve import resolve
 from colossal_jax.config.choices import MESH_ORDER
 from colossal_jax.config.errors import ConfigError
@@ -134,7 +134,7 @@ def test_a_tiny_sweep_reports_correlation_memory_error_and_regret(swept, tmp_pat
     scale = sorted(r.reference_s for r in rows)
     for r in rows:  # normalised: relative time × the reference's median (of two: their mean)
         assert r.normalized_s == pytest.approx(r.step_s / r.reference_s * sum(scale) / 2)
-    summary = sweep.summarize(rows)
+    summary = sweep_summary.summarize(rows)
     assert summary["paired"]
     assert summary["measured"] == 2 and summary["failed"] == []
     assert summary["best_step_s"] == min(r.normalized_s for r in rows)
@@ -168,7 +168,7 @@ def test_rounds_keep_each_plans_median_round_and_report_the_first_round_beside(s
     assert (rows[0].step_s, rows[0].reference_s) == (1.3, 1.0)  # the median, 1.3
     assert (rows[1].step_s, rows[1].reference_s) == (1.5, 1.5)  # the median, 1.0
     sweep.normalize(rows)
-    summary = sweep.summarize(rows)
+    summary = sweep_summary.summarize(rows)
     assert summary["rounds"] == 3
     assert summary["regret"] == pytest.approx(0.3)  # the chosen 1D plan against data=4
     assert summary["first_round"]["regret"] == pytest.approx(0.2)
@@ -198,7 +198,7 @@ def test_the_timed_choice_is_the_fastest_measured_of_the_first_three_predicted(s
         )
         for i, (p, m) in enumerate(times)
     ]
-    summary = sweep.summarize(rows[::-1])  # the order of the rows does not matter
+    summary = sweep_summary.summarize(rows[::-1])  # the order of the rows does not matter
     assert summary["best"] == "p4" and summary["regret"] == pytest.approx(2.0 / 1.2 - 1)
     assert summary["timed_choice"] == "p2"
     assert summary["regret_timed"] == pytest.approx(1.5 / 1.2 - 1)
@@ -215,7 +215,7 @@ def test_the_timed_choice_is_the_fastest_measured_of_the_first_three_predicted(s
         ),
         normalized_s=1.1,
     )
-    summary = sweep.summarize([*rows, other])
+    summary = sweep_summary.summarize([*rows, other])
     assert summary["best"] == summary["timed_choice"] == "p0-dots"
     assert summary["regret_timed"] == 0.0
 
@@ -228,7 +228,9 @@ def test_a_sweep_json_is_read_back_and_predicted_again(swept):
     assert [r.compiled for r in back] == [r.compiled for r in rows]
     assert [r.normalized_s for r in back] == pytest.approx([r.normalized_s for r in rows])
     assert [r.chosen for r in back] == [r.chosen for r in rows]
-    assert sweep.summarize(back)["regret"] == pytest.approx(sweep.summarize(rows)["regret"])
+    assert sweep_summary.summarize(back)["regret"] == pytest.approx(
+        sweep_summary.summarize(rows)["regret"]
+    )
 
 
 def test_compile_cached_compiles_once(swept, tmp_path, monkeypatch):
@@ -330,7 +332,7 @@ def test_sweeps_merge_by_name_the_last_measurement_winning_and_keep_the_current_
     assert [r["chosen"] for r in current["rows"]] == [True, False]
     assert current["missing"] == ["data=1 unheard of"]
     back = sweep.rows_from_json(current, cfg, hw)
-    assert sweep.summarize(back)["chosen"] == rows[1].name
+    assert sweep_summary.summarize(back)["chosen"] == rows[1].name
 
 
 def test_a_sweep_json_records_the_calibration_its_predictions_used(swept, tmp_path):
@@ -351,7 +353,7 @@ def test_a_sweep_json_records_the_calibration_its_predictions_used(swept, tmp_pa
     script = _script("sweep_meshes")
     rows = swept[2]
     args = argparse.Namespace(json=tmp_path / "s.json", png=None)
-    script.write(rows, sweep.summarize(rows), args, ["--devices", "4"], record)
+    script.write(rows, sweep_summary.summarize(rows), args, ["--devices", "4"], record)
     doc = json.loads((tmp_path / "s.json").read_text())
     assert doc["hardware"] == json.loads(json.dumps(record))
     assert len(doc["rows"]) == len(rows)

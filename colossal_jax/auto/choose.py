@@ -93,7 +93,7 @@ def auto_plan(
     """The plan the planner chooses for ``cfg`` (its model, batch, sequence and training fields;
     its mesh, modes and memory knobs are replaced) on ``devices`` (default: the devices JAX
     has), bound to them; the chosen plan and why are passed to ``log``. ``measure``: time that
-    many best-predicted plans, and the first's layout under another remat policy
+    many best-predicted plans, and with 2 or more the first's layout under another remat policy
     (:func:`colossal_jax.auto.search.other_remat`), on ``devices`` and take the fastest measured
     (:func:`colossal_jax.auto.timed.time_best`), within what is left of ``time_budget``. Raises
     :class:`~colossal_jax.config.errors.ConfigError` when no plan fits."""
