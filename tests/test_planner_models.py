@@ -94,6 +94,31 @@ def test_working_set_is_compiled_once_then_read_from_disk(tmp_path, monkeypatch)
     assert layer_memory.working(model, 32) == first
 
 
+def test_layer_figures_are_read_on_the_cpu_whatever_parallelism_is_in_force():
+    # On a GPU host the default single-device layout sits on the GPU while the layer compiles'
+    # arguments sit on the CPU (call 7 on the H200 stopped there). The same mismatch here: a
+    # layout on another device than the arguments' CPU device 0.
+    from jax.sharding import AxisType
+
+    from colossal_jax.config import MESH_ORDER
+    from colossal_jax.layers.context import single_device, use_parallelism
+    from colossal_jax.tensor.layout import ActivationAxes
+    from colossal_jax.tensor.replicated import ReplicatedLayout
+
+    assert single_device("cpu").layout.mesh.devices.flat[0].platform == "cpu"
+    n = len(MESH_ORDER)
+    elsewhere = jax.make_mesh(
+        (1,) * n, MESH_ORDER, axis_types=(AxisType.Auto,) * n, devices=jax.devices()[1:2]
+    )
+    layout = ReplicatedLayout(elsewhere, ActivationAxes(batch=("data",), seq="seq"))
+    model = model_config("gpt2-tiny", **SMALL)
+    with use_parallelism(layout):
+        temps = layer_memory._temp_elements(model, 1, 16)
+        kept = layer_memory._traced_kept(model, "none")
+    assert temps > 0
+    assert kept == layer_memory.kept(model, "none")
+
+
 def test_ring_blocks_are_compiled_once_by_ring_length_then_read_from_disk(tmp_path, monkeypatch):
     # a 2-hop ring's loop holds more blocks at once than a 4-hop one's; 8 hops compile like 4
     monkeypatch.setenv("COLOSSAL_JAX_CACHE", str(tmp_path))

@@ -100,6 +100,16 @@ def _abstract_stack(model: Any, layers: int) -> tuple[Any, Any]:
     return nnx.split(abstract)
 
 
+def _on_cpu() -> Any:
+    """The single-device parallelism on the host's CPU, whatever the default backend: the
+    figures are read off CPU compiles (on a GPU host too, where the layers would otherwise
+    route to a mesh of the GPU while their arguments sit on the CPU)."""
+    from colossal_jax.layers.context import single_device, use_parallelism
+
+    one = single_device("cpu")
+    return use_parallelism(one.layout, one.local_attention)
+
+
 def _stack_fn(model: Any, layers: int, remat: str) -> tuple[Any, Any]:
     """``(f, params)``: ``f(params, x, positions)``, the sum of the outputs of ``layers`` layers of
     ``model``'s stack under ``remat`` (its gradient is a training step's backward), with the
@@ -147,7 +157,9 @@ def _traced_kept(model: Any, remat: str) -> Kept:
     x = jax.ShapeDtypeStruct((1, s, model.n_embd), jnp.float32)
     positions = jax.ShapeDtypeStruct((1, s), jnp.int32)
     other = scores = whole = 0.0
-    for aval, where in saved_residuals(f, params, x, positions):
+    with _on_cpu():
+        residuals = saved_residuals(f, params, x, positions)
+    for aval, where in residuals:
         if "output of scan" not in where:  # parameters, the stack's loop-invariant values
             continue
         shape = aval.shape[1:]  # less the scan's layer dimension
@@ -213,7 +225,8 @@ def _temp_elements(model: Any, batch: int, seq: int) -> float:
     x = jax.ShapeDtypeStruct((batch, seq, model.n_embd), jnp.float32, sharding=on)
     positions = jax.ShapeDtypeStruct((batch, seq), jnp.int32, sharding=on)
     params = jax.tree.map(lambda p: jax.ShapeDtypeStruct(p.shape, p.dtype, sharding=on), params)
-    lowered = jax.jit(jax.grad(f, argnums=(0, 1))).lower(params, x, positions)
+    with _on_cpu():
+        lowered = jax.jit(jax.grad(f, argnums=(0, 1))).lower(params, x, positions)
     compiled = lowered.compile(compiler_options=ANALYSIS_ONLY)
     return compiled.memory_analysis().temp_size_in_bytes / 4
 

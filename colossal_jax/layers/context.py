@@ -34,12 +34,14 @@ _ACTIVE: contextvars.ContextVar[Parallelism | None] = contextvars.ContextVar(
 
 
 @functools.cache
-def _single_device() -> Parallelism:
+def single_device(platform: str | None = None) -> Parallelism:
+    """No parallelism, on the first device of ``platform`` (``"cpu"``, ``"gpu"``; the default
+    backend's when None): what :func:`active` returns when nothing was set."""
     mesh = jax.make_mesh(
         (1,) * len(MESH_ORDER),
         MESH_ORDER,
         axis_types=(AxisType.Auto,) * len(MESH_ORDER),
-        devices=jax.devices()[:1],
+        devices=jax.devices(platform)[:1],
     )
     layout = ReplicatedLayout(mesh, ActivationAxes(batch=("data",), seq="seq"))
     return Parallelism(layout, dot_product_attention)
@@ -48,7 +50,7 @@ def _single_device() -> Parallelism:
 def active() -> Parallelism:
     """The parallelism in force (one device, no parallelism, if none was set)."""
     current = _ACTIVE.get()
-    return current if current is not None else _single_device()
+    return current if current is not None else single_device()
 
 
 @contextlib.contextmanager
