@@ -274,6 +274,7 @@ def _run(argv: list[str]) -> tuple[subprocess.CompletedProcess, float]:
     return proc, time.time() - t0
 
 
+@pytest.mark.quiet
 @pytest.mark.slow
 @pytest.mark.parametrize("argv", SUBPROCESS, ids=[" ".join(a) for a in SUBPROCESS])
 def test_real_process_answers_in_one_line_under_20s(argv, files):

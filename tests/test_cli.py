@@ -48,6 +48,7 @@ def test_checkpoint_dir_that_is_a_file(a_file, capsys):
     assert len(err) == 1 and a_file in err[0]
 
 
+@pytest.mark.quiet
 def test_real_process_exits_2_quickly():
     env = dict(os.environ, JAX_PLATFORMS="cpu")
     env.pop("XLA_FLAGS", None)

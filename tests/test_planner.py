@@ -113,6 +113,7 @@ def test_the_bubble_idles_a_whole_ticks_work_and_on_shared_cores_not_per_stage()
     assert cpu.bubble_s == pytest.approx((cpu.compute_s + cpu.axis_s["tensor_row"] + scores) / 8)
 
 
+@pytest.mark.quiet
 def test_impossible_request_is_one_line_and_exit_2_quickly():
     t0 = time.perf_counter()
     out = subprocess.run(

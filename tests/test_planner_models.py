@@ -119,6 +119,15 @@ def test_layer_figures_are_read_on_the_cpu_whatever_parallelism_is_in_force():
     assert kept == layer_memory.kept(model, "none")
 
 
+def test_layer_figures_compile_without_an_option_this_xla_does_not_know(monkeypatch):
+    from colossal_jax.analysis import compile_only
+
+    lowered = jax.jit(lambda x: jnp.sin(x) * 2).lower(jnp.ones(8))
+    monkeypatch.setattr(compile_only, "LAYER_ANALYSIS", {"xla_no_such_option_here": 1})
+    compiled = compile_only.compile_for_layer_figures(lowered)
+    assert compiled.memory_analysis().output_size_in_bytes == 32
+
+
 def test_ring_blocks_are_compiled_once_by_ring_length_then_read_from_disk(tmp_path, monkeypatch):
     # a 2-hop ring's loop holds more blocks at once than a 4-hop one's; 8 hops compile like 4
     monkeypatch.setenv("COLOSSAL_JAX_CACHE", str(tmp_path))

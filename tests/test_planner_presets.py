@@ -17,6 +17,7 @@ from colossal_jax.config import ConfigError, TrainConfig, parse_mesh
 from tests.test_planner import _cfg, _script
 
 
+@pytest.mark.quiet
 def test_written_preset_trains_unchanged(tmp_path, capsys):
     """The preset of the plan chosen by timing the model's first (``--measure 1``: really
     built, run and timed, then read from the disk cache) trains unchanged."""
@@ -85,6 +86,7 @@ def test_mesh_auto_refuses_a_mode_flag(capsys):
     assert "--mesh auto chooses" in capsys.readouterr().err
 
 
+@pytest.mark.quiet
 def test_verify_compiles_once_then_reads_the_cache(tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("COLOSSAL_JAX_CACHE", str(tmp_path / "cache"))
     plan_py = _script("plan")

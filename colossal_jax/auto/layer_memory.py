@@ -44,7 +44,7 @@ import math
 from pathlib import Path
 from typing import Any
 
-from colossal_jax.analysis.compile_only import ANALYSIS_ONLY
+from colossal_jax.analysis.compile_only import ANALYSIS_ONLY, compile_for_layer_figures
 
 TRACE_LEN = 13
 """Tokens of the traced sequence: a length no model width equals, so a residual's token
@@ -227,7 +227,7 @@ def _temp_elements(model: Any, batch: int, seq: int) -> float:
     params = jax.tree.map(lambda p: jax.ShapeDtypeStruct(p.shape, p.dtype, sharding=on), params)
     with _on_cpu():
         lowered = jax.jit(jax.grad(f, argnums=(0, 1))).lower(params, x, positions)
-    compiled = lowered.compile(compiler_options=ANALYSIS_ONLY)
+    compiled = compile_for_layer_figures(lowered)
     return compiled.memory_analysis().temp_size_in_bytes / 4
 
 

@@ -20,6 +20,9 @@ offloaded state stays in host memory.
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Callable, Iterator
+
 from colossal_jax.auto import layer_memory
 from colossal_jax.auto.per_device import (
     act_bytes,
@@ -160,7 +163,66 @@ def kept_elements(plan: Plan, remat: str | None = None, *, gathered: bool = True
     return _split_elements(plan, k.other, k.scores, h_share=share) + extra
 
 
+_PER_TOKEN: dict[tuple, tuple[object, float]] | None = None
+"""Per-token figures already computed inside :func:`per_token_kept` (:func:`_per_token`)."""
+
+
+@contextlib.contextmanager
+def per_token_kept() -> Iterator[None]:
+    """Inside the block, a layer's elements per token (the record's, the working set's) are
+    computed once per layout, remat policy and model rather than for every knob combination
+    (:func:`colossal_jax.auto.search.search` prices tens of thousands): the block must not
+    change the figures they are read from (:mod:`colossal_jax.auto.layer_memory`'s)."""
+    global _PER_TOKEN
+    outer = _PER_TOKEN
+    _PER_TOKEN = {} if outer is None else outer
+    try:
+        yield
+    finally:
+        _PER_TOKEN = outer
+
+
+def _shape_key(plan: Plan, what: str) -> tuple:
+    """What a layer's elements per token on one device depend on: the model (by identity: a
+    search's variants share one), the layout (every parallel field but ZeRO's stage, which
+    splits state, not activations), the remat policy, sequence, precision, platform and
+    attention kernel."""
+    c = plan.config
+    layout = dict(vars(c.parallel), zero=0)  # a dict's copy: cheaper than reading each field
+    fields = tuple(layout.values())
+    return (
+        what,
+        id(plan.model),
+        fields,
+        c.remat,
+        c.seq_len,
+        c.precision,
+        c.attention,
+        plan.devices.platform,
+    )
+
+
+def _per_token(plan: Plan, what: str, compute: Callable[[], float]) -> float:
+    """``compute()``, kept by :func:`_shape_key` inside :func:`per_token_kept` (these figures
+    change with the layout and remat policy alone). The model is kept beside the figure so
+    that its ``id`` is not reused."""
+    memo = _PER_TOKEN
+    if memo is None:
+        return compute()
+    key = _shape_key(plan, what)
+    hit = memo.get(key)
+    if hit is not None and hit[0] is plan.model:
+        return hit[1]
+    value = compute()
+    memo[key] = (plan.model, value)
+    return value
+
+
 def _record_elements(plan: Plan) -> float:
+    return _per_token(plan, "record", lambda: _record_elements_of(plan))
+
+
+def _record_elements_of(plan: Plan) -> float:
     """Elements per token and layer a microbatch keeps on a stage between its forward and its
     backward: the remat policy's (:func:`kept_elements`); with a split backward (ZB-H1, ZB-V)
     the larger of those, less a grid's gathered linear inputs, and what the record holds after
@@ -199,11 +261,16 @@ def working_bytes(plan: Plan, *, floor: bool = False) -> float:
     elif ring_self_attention(plan) and not floor:  # its score blocks apart, then concatenated
         extra = layer_memory.rsa_rows(plan.model, plan.config.seq_len, plan.config.parallel.seq)
         scores += extra or 0.0
-    share = _whole_share(plan, "none")
-    per_token = _split_elements(plan, w.other, scores, h_share=share, kept=False)
-    per_token += _gathered_inputs(plan)
-    if plan.remat != "none" and recomputed_layer_counts(plan):
-        per_token += kept_elements(plan, "none") - kept_elements(plan)
+
+    def elements() -> float:
+        share = _whole_share(plan, "none")
+        per_token = _split_elements(plan, w.other, scores, h_share=share, kept=False)
+        per_token += _gathered_inputs(plan)
+        if plan.remat != "none" and recomputed_layer_counts(plan):
+            per_token += kept_elements(plan, "none") - kept_elements(plan)
+        return per_token
+
+    per_token = _per_token(plan, f"working/floor={floor}", elements)
     ab = act_bytes(plan)
     return ab * (
         per_token * tokens_per_microbatch(plan) + w.fixed / param_split(plan.config.parallel)

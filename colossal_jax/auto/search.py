@@ -222,9 +222,31 @@ def search(
     docstring). ``cfg.parallel`` and the memory knobs of ``cfg`` are ignored."""
     start = time.perf_counter()
     devices = devices_of(hw, n)
-    light = Knobs(zero=0, remat="none", offload="none", grad_accum=1)
     out = SearchResult()
     unfit: list[Variant] = []
+    with memory.per_token_kept():
+        _search_layouts(cfg, n, hw, budget, time_budget, start, devices, out, unfit)
+        if not out.ranked:
+            out.smallest = lightest(unfit, hw)
+    out.ranked.sort(key=lambda r: r.prediction.step_s)
+    out.seconds = time.perf_counter() - start
+    return out
+
+
+def _search_layouts(
+    cfg: TrainConfig,
+    n: int,
+    hw: Hardware,
+    budget: float,
+    time_budget: float | None,
+    start: float,
+    devices: Devices,
+    out: SearchResult,
+    unfit: list[Variant],
+) -> None:
+    """:func:`search`'s loop over the layouts: fills ``out`` (and ``unfit``, while nothing
+    fits)."""
+    light = Knobs(zero=0, remat="none", offload="none", grad_accum=1)
     for par in space.layouts(n, cfg.batch_size, hw.node):
         over = time_budget is not None and time.perf_counter() - start > time_budget
         if over and out.ranked:  # stop with the best so far, once there is one
@@ -245,11 +267,6 @@ def search(
             unfit.clear()
         if not out.ranked:  # kept only while nothing fits: the impossible request's answer
             unfit.extend(variants)
-    out.ranked.sort(key=lambda r: r.prediction.step_s)
-    if not out.ranked:
-        out.smallest = lightest(unfit, hw)
-    out.seconds = time.perf_counter() - start
-    return out
 
 
 def impossible(cfg: TrainConfig, n: int, hw: Hardware, budget: float, result: SearchResult) -> str:
