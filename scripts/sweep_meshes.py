@@ -184,6 +184,13 @@ def main(argv: list[str] | None = None) -> int:
                     flush=True,
                 )
             rows = sweep.rows_from_json(doc, cfg, hw)
+            if not rows:
+                raise ValueError(
+                    f"none of the planner's {len(names or [])} plans is in "
+                    f"{', '.join(map(str, args.from_json))}: a sweep of another model or size? "
+                    "pass the --model/--set/--batch-size/--seq-len it was taken with, or drop "
+                    "--current to read its rows as they are"
+                )
         else:
             rows = sweep.plans(
                 cfg,

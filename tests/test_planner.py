@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib.util
+import json
 import os
 import subprocess
 import sys
@@ -241,6 +242,12 @@ CARELESS = [
     ("sweep_meshes", ["--from-json", "{list}"], "is not a sweep's JSON"),
     ("sweep_meshes", ["--from-json", "{rowless}"], "row 0 lacks chosen"),
     ("sweep_meshes", ["--current"], "--current needs --from-json"),
+    # a sweep of another model or size: none of the planner's current plans is in it
+    (
+        "sweep_meshes",
+        ["--devices", "2", "--from-json", "{foreign}", "--current"],
+        "a sweep of another model or size?",
+    ),
 ]
 
 
@@ -253,6 +260,10 @@ def test_planner_scripts_answer_careless_inputs_in_one_line(
     files["list"].write_text("[1]")
     files["rowless"] = tmp_path / "r.json"
     files["rowless"].write_text('{"rows": [{"name": "data=8"}]}')
+    files["foreign"] = tmp_path / "f.json"
+    row = {"name": "data=64", "chosen": True, "parallel": {}, "knobs": {}, "compiled": None}
+    row |= {"measured_step_s": 1.0, "error": None}
+    files["foreign"].write_text(json.dumps({"rows": [row]}))
     argv = [a.format(**files) for a in argv]
     assert _script(script).main(["--devices", "8", *argv]) == 2
     err = capsys.readouterr().err.strip().splitlines()

@@ -424,15 +424,13 @@ def test_remat_memory_is_within_10_percent_of_the_compiled_peak(par, remat):
 
 def test_zero_gradient_terms_follow_the_compiled_step():
     # ZeRO-2 reduce-scatters the gradient after the backward, so at the peak it is ZeRO-1's
-    # whole gradient; ZeRO-3 shards it inside the backward, and without a remat policy keeps
-    # every layer's gathered weights for it (docs/planner_log.md, 2026-12-04)
+    # whole gradient; ZeRO-3 shards it inside the backward and, under every remat policy,
+    # keeps no gathered layer for it (docs/planner_log.md, 2026-12-04 and 2026-12-05)
     def grads(zero: int, remat: str = "none", **par) -> float:
         return memory.memory_terms(_plan(remat=remat, data=8, zero=zero, **par))["grads"]
 
     assert grads(2) == grads(1) == grads(0)
-    assert grads(3, "dots") == pytest.approx(grads(0) / 8)
-    stack = 4 * stack_params(_plan().model)  # the fp32 stack, gathered
-    assert grads(3) - grads(3, "dots") == pytest.approx(stack, rel=0.05)
+    assert grads(3) == grads(3, "dots") == pytest.approx(grads(0) / 8)
     # with accumulation the accumulator beside it: whole below ZeRO-2, a shard from it
     base = _plan(data=8, zero=2)
     acc = resolve(dataclasses.replace(base.config, grad_accum=2), base.devices)

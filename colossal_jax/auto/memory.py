@@ -337,9 +337,9 @@ def memory_terms(plan: Plan, *, floor: bool = False) -> dict[str, float]:
       reduce-scatters it after the backward, so its compiled peak equals ZeRO-1's; ZeRO-3
       inside it, layer by layer), with accumulation the accumulator beside it (whole below
       stage 2, a shard from it), under bf16/fp16 a 16-bit parameter copy and the 16-bit
-      gradient before its cast to fp32, under ZeRO-3 with ``remat=none`` every layer's
-      gathered weights (kept for its backward; a policy that recomputes gathers them again
-      there), a pipeline's gathered rest;
+      gradient before its cast to fp32 (ZeRO-3 keeps no gathered layer under any remat
+      policy: the backward gathers each again, :func:`colossal_jax.parallel.zero.
+      keep_all_but_gathered`), a pipeline's gathered rest;
     - ``kept``: the activations the remat policy keeps (:func:`kept_elements`) for every
       layer, without a pipeline; ``pipe_kept`` the same for every layer of a stage and every
       microbatch in flight, with one; ``pipe_body`` (fused backward) or ``pipe_body_split``
@@ -379,9 +379,6 @@ def memory_terms(plan: Plan, *, floor: bool = False) -> dict[str, float]:
     if plan.precision != "fp32":  # the 16-bit parameter copy, the 16-bit gradient before its cast
         # (ZeRO-3 reduce-scatters each layer's gradient inside the backward pass: one layer's)
         grads += 2 * n / over(3) + (2 * n if plan.zero < 3 else 2 * n / L)
-    if plan.zero == 3 and plan.remat == "none":  # every layer's gathered weights kept for its
-        # backward; a policy that recomputes gathers them again there instead
-        grads += 4 * (L // par.pipe) * (4 * h * h + 2 * h * w) / param_split(par)
     ab = act_bytes(plan)
     tok = tokens_per_microbatch(plan)
     layers = L // par.pipe
