@@ -30,10 +30,12 @@ from colossal_jax_models.gpt import Block, GPTConfig
 
 @dataclass(frozen=True)
 class Candidate:
-    """A named way of running the layer on ``devices`` devices."""
+    """A named way of running the layer on ``devices`` devices (``attention``: the block
+    kernel where there is no split, ``--attention``)."""
 
     name: str
     config: ParallelConfig
+    attention: str = "auto"
 
     @property
     def devices(self) -> int:
@@ -50,6 +52,7 @@ def candidates(p: int) -> list[Candidate]:
     """One device, 1D tensor parallelism over ``p``, and the three sequence modes over ``p``."""
     return [
         Candidate("one device", ParallelConfig()),
+        Candidate("blockwise, one device", ParallelConfig(), attention="blockwise"),
         Candidate(f"1d tensor p={p}", ParallelConfig(tensor_row=p, tensor_mode="1d")),
         Candidate(f"ring p={p}", ParallelConfig(seq=p, seq_mode="ring")),
         Candidate(f"ulysses p={p}", ParallelConfig(seq=p, seq_mode="ulysses")),
@@ -66,7 +69,7 @@ def layer_memory_bytes(
     cfg = cand.config
     mesh = build_mesh(cfg, jax.devices()[: cfg.size])
     layout = make_layout(cfg, mesh)
-    attention = make_local_attention(cfg)
+    attention = make_local_attention(cfg, implementation=cand.attention)
     model_cfg = GPTConfig(n_layer=1, n_head=heads, n_embd=hidden, block_size=seq_len)
     compiled = compile_fwd_bwd(
         layout,

@@ -53,6 +53,8 @@ def test_resolve_fused_kernel():
     assert resolve("auto", jnp.float32, backend="gpu") == "xla"
     assert resolve("auto", jnp.bfloat16, backend="cpu") == "xla"
     assert resolve("xla", jnp.bfloat16, backend="gpu") == "xla"
+    for backend in ("cpu", "gpu"):
+        assert resolve("blockwise", jnp.float32, backend=backend) == "blockwise"
     with pytest.raises(ValueError, match="needs a GPU"):
         resolve("cudnn", jnp.bfloat16, backend="cpu")
     with pytest.raises(ValueError, match="bf16 or fp16"):
@@ -73,11 +75,22 @@ def test_fused_call_semantics_match_reference():
     np.testing.assert_allclose(fused_attention(q, k, v, pos, pos), ref, rtol=1e-6)
 
 
-def test_cudnn_is_refused_where_it_would_have_no_effect():
+@pytest.mark.parametrize("kernel", ["cudnn", "blockwise"])
+def test_fused_kernels_are_refused_where_they_would_have_no_effect(kernel):
     from colossal_jax.config import ConfigError, ParallelConfig, TrainConfig
 
     for mode in ("ring", "ring-self-attention"):
-        cfg = TrainConfig(attention="cudnn", parallel=ParallelConfig(seq=2, seq_mode=mode))
-        with pytest.raises(ConfigError, match="use --attention auto"):
+        cfg = TrainConfig(attention=kernel, parallel=ParallelConfig(seq=2, seq_mode=mode))
+        with pytest.raises(ConfigError, match=f"--attention {kernel} cannot run inside"):
             cfg.validate()
-    TrainConfig(attention="cudnn", parallel=ParallelConfig(seq=2, seq_mode="ulysses")).validate()
+    TrainConfig(attention=kernel, parallel=ParallelConfig(seq=2, seq_mode="ulysses")).validate()
+
+
+@pytest.mark.parametrize("par", [dict(data=8), dict(data=2, seq=4, seq_mode="ulysses")])
+def test_blockwise_attention_trains_the_reference_curve(par):
+    # --attention blockwise reaches the model's attention (no split, and inside Ulysses) and
+    # gives the XLA reference's losses
+    base = tiny_config(steps=3, batch_size=8, seq_len=32, devices=8, **par)
+    want = losses(base)
+    got = losses(dataclasses.replace(base, attention="blockwise"))
+    np.testing.assert_allclose(got, want, rtol=1e-5)

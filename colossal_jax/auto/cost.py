@@ -43,6 +43,7 @@ from colossal_jax.auto.memory import MEMORY_COEF, chunk_bytes, memory_terms
 from colossal_jax.auto.per_device import (
     act_bytes,
     act_split,
+    blockwise_attention,
     dims,
     kv_heads,
     params_per_device,
@@ -332,7 +333,7 @@ def cpu_terms(plan: Plan) -> dict[str, float]:
     scores = cfg.batch_size * m.n_head * cfg.seq_len**2 * m.n_layer
     if plan.remat != "none":
         scores *= 4 / 3
-    ring = ring_attention(plan)
+    ring = ring_attention(plan) or blockwise_attention(plan)  # the blockwise kernels
     residual = stack = 0.0
     if par.pipelined:
         ticks, slots = pipeline_shape(plan)

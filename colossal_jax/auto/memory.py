@@ -27,6 +27,7 @@ from colossal_jax.auto import layer_memory
 from colossal_jax.auto.per_device import (
     act_bytes,
     act_split,
+    blockwise_attention,
     dims,
     inner_width,
     params_per_device,
@@ -313,13 +314,19 @@ def scores_per_token(plan: Plan, *, kept: bool = True) -> float:
     """Attention score elements per token and layer (``a·s``: every head's row of scores) that
     the attention keeps for its backward (``kept``) or holds while it runs: none kept by
     cuDNN flash attention (it keeps the output and the log-sum-exp, and recomputes the scores
-    in its backward) and by ring attention (its custom backward keeps q, k, v, the output and
-    the log-sum-exp, :mod:`colossal_jax.sequence.ring`); while running, the ring holds one
-    block's, ``a·s/seq``, and flash attention none outside the kernel."""
+    in its backward), by the blockwise kernel and by ring attention (their custom backward
+    keeps q, k, v, the output and the log-sum-exp, :mod:`colossal_jax.sequence.ring`); while
+    running, the ring holds one block's, ``a·s/seq``, the blockwise kernel one key block's,
+    ``a·B`` (:func:`colossal_jax.sequence.blockwise.block_size`), and flash attention none
+    outside the kernel."""
+    from colossal_jax.sequence.blockwise import block_size
+
     cfg, par = plan.config, plan.config.parallel
     a = plan.model.n_head
     if flash_attention(plan):
         return 0.0
+    if blockwise_attention(plan):
+        return 0.0 if kept else float(a * block_size(cfg.seq_len))
     if ring_attention(plan):
         return 0.0 if kept else a * cfg.seq_len / par.seq
     return float(a * cfg.seq_len)
@@ -387,7 +394,8 @@ def memory_terms(plan: Plan, *, floor: bool = False) -> dict[str, float]:
     chunk = chunk_bytes(plan)
     split = par.pipelined and pipeline_schedule(plan.pipeline).split_backward
     ring_chunk = 0.0
-    if par.pipelined and ring_attention(plan):  # one score block per layer of the chunk
+    if par.pipelined and (ring_attention(plan) or blockwise_attention(plan)):
+        # one score block per layer of the chunk (the ring's, or the blockwise kernel's)
         ring_chunk = ab * tok * scores_per_token(plan, kept=False) * layers / plan.virtual_stages
     working = working_bytes(plan, floor=floor)
     chunk_grad = grad_slots = 0.0

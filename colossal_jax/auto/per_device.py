@@ -82,6 +82,12 @@ def ring_attention(plan: Plan) -> bool:
     return plan.config.parallel.seq > 1 and plan.seq_mode == "ring"
 
 
+def blockwise_attention(plan: Plan) -> bool:
+    """Whether the plan's attention runs the blockwise kernel (``--attention blockwise``, which
+    the configuration allows only where token order is position order: no split, Ulysses)."""
+    return plan.config.attention == "blockwise"
+
+
 def ring_self_attention(plan: Plan) -> bool:
     """Whether the plan's attention runs ring self-attention (a ``seq`` split in that mode)."""
     return plan.config.parallel.seq > 1 and plan.seq_mode == "ring-self-attention"

@@ -20,7 +20,7 @@ MESH_ORDER: tuple[str, ...] = ("data", "pipe", "seq", "tensor_depth", "tensor_ro
 
 TENSOR_MODES: Names = tensor_modes.TABLE.names()
 """``--tensor-mode``: the registered tensor modes."""
-ATTENTION_IMPLS = ("auto", "xla", "cudnn")
+ATTENTION_IMPLS = ("auto", "xla", "cudnn", "blockwise")
 SEQ_MODES: Names = seq_modes.TABLE.names()
 """``--seq-mode``: the registered sequence modes."""
 PRECISIONS = ("fp32", "bf16", "fp16")

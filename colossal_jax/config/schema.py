@@ -277,8 +277,10 @@ class TrainConfig:
       overwrite_metrics: let a new run replace a ``metrics_file`` that holds records.
       tensorboard_dir: TensorBoard event files.
       devices: use the first N devices (default: all).
-      attention: ``auto | xla | cudnn`` block attention kernel (``auto``: cuDNN flash attention
-        on a GPU in bf16, the XLA reference otherwise). It applies with no sequence split and to
+      attention: ``auto | xla | cudnn | blockwise`` block attention kernel (``auto``: cuDNN
+        flash attention on a GPU in bf16, the XLA reference otherwise; ``blockwise``: the
+        plain-JAX flash-style kernel on any backend, which keeps no score matrix,
+        :mod:`colossal_jax.sequence.blockwise`). It applies with no sequence split and to
         Ulysses; ring kernels always use their own blockwise XLA computation.
       eval_every: evaluate on the held-out split (the corpus's last 5%) before the first step,
         every N steps and at the end; 0 disables evaluation.
@@ -362,7 +364,8 @@ class TrainConfig:
     devices: int | None = None
     attention: str = flag(
         "auto",
-        "block attention kernel: auto (cuDNN flash attention on a GPU in bf16), xla, cudnn",
+        "block attention kernel: auto (cuDNN flash attention on a GPU in bf16), xla, cudnn, "
+        "blockwise (flash-style in plain JAX, any backend: no score matrix kept)",
     )
     eval_every: int = flag(
         50,

@@ -25,7 +25,7 @@ class SeqMode:
       kernel: the per-device attention (:data:`~colossal_jax.tensor.layout.LocalAttention`), a
         ``"package.module:Name"`` reference or the function itself. A mode that splits the
         sequence gets ``axis_name="seq"``; one in ``position_order`` gets ``implementation=``
-        (``auto | xla | cudnn``).
+        (``auto | xla | cudnn | blockwise``).
       splits_sequence: it splits the sequence over the ``seq`` axis (every mode but ``none``).
       position_order: the blocks its kernel attends are in position order, so the block kernel
         may be cuDNN flash attention (:mod:`colossal_jax.sequence.fused`); a ring masks its

@@ -53,9 +53,10 @@ def check_train(cfg: TrainConfig) -> None:
     if cfg.attention not in ATTENTION_IMPLS:
         raise ConfigError(choice("--attention", cfg.attention, ATTENTION_IMPLS))
     par = cfg.parallel
-    if cfg.attention == "cudnn" and par.seq > 1 and not seq_mode(par.seq_mode).position_order:
+    fused = cfg.attention in ("cudnn", "blockwise")
+    if fused and par.seq > 1 and not seq_mode(par.seq_mode).position_order:
         raise ConfigError(
-            f"--attention cudnn cannot run inside --seq-mode {par.seq_mode} (its "
+            f"--attention {cfg.attention} cannot run inside --seq-mode {par.seq_mode} (its "
             "blocks are masked by position and combined by log-sum-exp); use --attention auto "
             "or --seq-mode ulysses"
         )

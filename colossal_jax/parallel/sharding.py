@@ -49,9 +49,10 @@ def make_local_attention(cfg: ParallelConfig, *, implementation: str = "auto") -
     attention layer passes its own ``causal`` (and padding travels as negative positions),
     :data:`colossal_jax.tensor.layout.LocalAttention`.
 
-    ``implementation`` (``auto | xla | cudnn``) chooses the block kernel where token order is
-    position order (no sequence split, Ulysses): ``auto`` is cuDNN flash attention on a GPU in
-    bf16/fp16 and the XLA reference otherwise (:mod:`colossal_jax.sequence.fused`).
+    ``implementation`` (``auto | xla | cudnn | blockwise``) chooses the block kernel where
+    token order is position order (no sequence split, Ulysses): ``auto`` is cuDNN flash
+    attention on a GPU in bf16/fp16 and the XLA reference otherwise, ``blockwise`` the
+    plain-JAX flash-style kernel (:mod:`colossal_jax.sequence.fused`).
     """
     mode = seq_mode(cfg.seq_mode) if cfg.seq > 1 else seq_modes.LOCAL
     options: dict[str, str] = {}

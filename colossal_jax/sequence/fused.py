@@ -1,4 +1,6 @@
-"""Fused attention for the local block: cuDNN flash attention on GPUs, XLA elsewhere.
+"""Fused attention for the local block: cuDNN flash attention on GPUs, XLA elsewhere, or the
+plain-JAX blockwise kernel anywhere (``--attention blockwise``,
+:mod:`colossal_jax.sequence.blockwise`).
 
 ``jax.nn.dot_product_attention`` (layout ``[b, s, heads, head_dim]``) dispatches to cuDNN's fused
 flash-attention kernel (Dao et al. 2022, arXiv 2205.14135) with ``implementation="cudnn"``: the
@@ -17,7 +19,8 @@ is exact when each row's padding is *trailing* (right padding, the usual batch l
 takes an arbitrary mask only as a dense ``[b, 1, s, s]`` bias, which would give back the memory
 the fused kernel saves, so left or interleaved padding needs ``--attention xla``.
 
-Communication: none. Memory: cuDNN ``O(b·s·h)``; fallback ``O(b·a·s²)``.
+Communication: none. Memory: cuDNN ``O(b·s·h)``; blockwise ``O(b·s·h)`` plus one
+``[b, a, s, 128]`` score block while it runs; fallback ``O(b·a·s²)``.
 """
 
 from __future__ import annotations
@@ -25,14 +28,16 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
+from colossal_jax.sequence.blockwise import blockwise_attention
 from colossal_jax.sequence.local import dot_product_attention
 
-IMPLEMENTATIONS = ("auto", "xla", "cudnn")
+IMPLEMENTATIONS = ("auto", "xla", "cudnn", "blockwise")
 _HALF = (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
 
 
 def resolve(implementation: str, dtype, backend: str | None = None) -> str:
-    """``"cudnn"`` or ``"xla"`` for a requested ``implementation`` and input ``dtype``.
+    """``"cudnn"``, ``"blockwise"`` or ``"xla"`` for a requested ``implementation`` and input
+    ``dtype``.
 
     ``auto`` picks cuDNN on a GPU backend for half-precision inputs. ``cudnn`` asked for where it
     cannot run raises ``ValueError`` naming why.
@@ -44,8 +49,8 @@ def resolve(implementation: str, dtype, backend: str | None = None) -> str:
         )
     backend = backend or jax.default_backend()
     half = jnp.dtype(dtype) in _HALF
-    if implementation == "xla":
-        return "xla"
+    if implementation in ("xla", "blockwise"):
+        return implementation
     if implementation == "cudnn":
         if backend != "gpu":
             raise ValueError(
@@ -72,7 +77,10 @@ def fused_attention(
 ) -> jax.Array:
     """Attention on ``[b, s, a, d]`` blocks whose positions are in index order, any padding
     trailing (see module)."""
-    if resolve(implementation, q.dtype) == "cudnn":
+    kernel = resolve(implementation, q.dtype)
+    if kernel == "blockwise":
+        return blockwise_attention(q, k, v, q_pos, k_pos, causal=causal)
+    if kernel == "cudnn":
         kv_lengths = jnp.sum(k_pos >= 0, axis=1, dtype=jnp.int32)  # trailing padding: exact
         return jax.nn.dot_product_attention(
             q, k, v, is_causal=causal, key_value_seq_lengths=kv_lengths, implementation="cudnn"

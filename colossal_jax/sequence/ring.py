@@ -81,7 +81,7 @@ def _scores(q, k, q_pos, k_pos, causal: bool, scale: float):
     return jnp.where(visible(q_pos, k_pos, causal), s, -jnp.inf)
 
 
-def _fwd_block(carry, q, k, v, q_pos, k_pos, causal, scale):
+def online_softmax_block(carry, q, k, v, q_pos, k_pos, causal, scale):
     """One online-softmax update of ``(m, l, o)`` with a key/value block."""
     m, den, o = carry  # running max, softmax denominator l, unnormalised output
     s = _scores(q, k, q_pos, k_pos, causal, scale)
@@ -104,12 +104,12 @@ def _forward(axis_name, causal, q, k, v, q_pos, k_pos):
     m0 = jnp.full((b, a, sq), -jnp.inf, jnp.float32)
     l0 = jnp.zeros((b, a, sq), jnp.float32)
     o0 = jnp.zeros((b, sq, a, d), jnp.float32)
-    m, den, o = _fwd_block((m0, l0, o0), q, k, v, q_pos, k_pos, causal, scale)
+    m, den, o = online_softmax_block((m0, l0, o0), q, k, v, q_pos, k_pos, causal, scale)
 
     def step(_, carry):
         k_t, v_t, kp_t, m, den, o = carry
         k_t, v_t, kp_t = ring_shift((k_t, v_t, kp_t), axis_name, p)
-        m, den, o = _fwd_block((m, den, o), q, k_t, v_t, q_pos, kp_t, causal, scale)
+        m, den, o = online_softmax_block((m, den, o), q, k_t, v_t, q_pos, kp_t, causal, scale)
         return k_t, v_t, kp_t, m, den, o
 
     _, _, _, m, den, o = jax.lax.fori_loop(0, p - 1, step, (k, v, k_pos, m, den, o))
@@ -133,7 +133,7 @@ def _ring_fwd(axis_name, causal, q, k, v, q_pos, k_pos):
     return out, (q, k, v, q_pos, k_pos, out, lse)
 
 
-def _bwd_block(q, k, v, q_pos, k_pos, do, delta, lse, causal, scale):
+def block_grads(q, k, v, q_pos, k_pos, do, delta, lse, causal, scale):
     """Gradient contributions ``(dq, dk, dv)`` (float32) of one key/value block."""
     s = _scores(q, k, q_pos, k_pos, causal, scale)
     pr = jnp.exp(s - lse[..., None])  # [b, a, q, k]; masked -> 0
@@ -155,13 +155,13 @@ def _ring_bwd(axis_name, causal, res, g):
     # D = rowsum(dO * O), laid out like lse: [b, a, sq]
     delta = jnp.transpose(jnp.sum(do * out.astype(jnp.float32), axis=-1), (0, 2, 1))
     # k, v travel in their own dtype (half the bytes of float32 under bf16); dK, dV in float32
-    dq, dk, dv = _bwd_block(qf, k, v, q_pos, k_pos, do, delta, lse, causal, scale)
+    dq, dk, dv = block_grads(qf, k, v, q_pos, k_pos, do, delta, lse, causal, scale)
 
     def step(_, carry):
         k_t, v_t, kp_t, dk_t, dv_t, dq = carry
         # the key block and its travelling gradient move together, one hop
         k_t, v_t, kp_t, dk_t, dv_t = ring_shift((k_t, v_t, kp_t, dk_t, dv_t), axis_name, p)
-        dq_i, dk_i, dv_i = _bwd_block(qf, k_t, v_t, q_pos, kp_t, do, delta, lse, causal, scale)
+        dq_i, dk_i, dv_i = block_grads(qf, k_t, v_t, q_pos, kp_t, do, delta, lse, causal, scale)
         return k_t, v_t, kp_t, dk_t + dk_i, dv_t + dv_i, dq + dq_i
 
     _, _, _, dk, dv, dq = jax.lax.fori_loop(0, p - 1, step, (k, v, k_pos, dk, dv, dq))

@@ -51,10 +51,10 @@ def ulysses_attention(
       q_pos, k_pos: integer global token positions ``[b, s_local]``.
       axis_name: the sequence-parallel mesh axis.
       causal: mask keys with ``k_pos > q_pos`` (keys with ``k_pos < 0``, padding, always).
-      implementation: ``xla`` (position-masked reference) or ``auto``/``cudnn`` for the fused
-        kernel of :mod:`colossal_jax.sequence.fused` on the gathered, in-order sequence (valid
-        when the positions are contiguous and ascending, as the training loop lays them out,
-        with any padding trailing).
+      implementation: ``xla`` (position-masked reference) or ``auto``/``cudnn``/``blockwise``
+        for the kernels of :mod:`colossal_jax.sequence.fused` on the gathered, in-order
+        sequence (valid when the positions are contiguous and ascending, as the training loop
+        lays them out, with any padding trailing).
 
     Returns:
       ``[b, s_local, a, d]`` in ``q``'s dtype.
