@@ -13,11 +13,12 @@ Examples:
 Prints a ranked table (plan, predicted step time, memory per device, MFU, bytes per mesh axis,
 why each plan lost to the best); ``--out`` writes the best as a ``meshes/`` TOML preset.
 ``--verify K`` compiles the plans in rank order on N simulated CPU devices (cached on disk)
-until K fit the memory budget, dropping those whose compiled peak is over it, and replaces the
-kept plans' predicted memory by the compiled peak. For a GPU target the CPU compile is a
-conservative stand-in, not the GPU's figure: it runs XLA attention (the ``s × s`` scores that
-cuDNN flash attention never holds) and reduces bf16 in fp32, so a plan it keeps should fit and
-one it drops might have fit. A request no plan
+until K fit the memory budget, and replaces the kept plans' predicted memory by the compiled
+peak. For a GPU target the CPU compile is a conservative stand-in, not the GPU's figure: flash
+attention compiles as the blockwise kernel, but bf16 activations are held in fp32 and
+offloaded state in device memory. A plan compiled within the budget is kept; one compiled over
+it is dropped where its prediction for the CPU was within it, and skipped (the CPU cannot
+confirm it) where that prediction was over it too (see :func:`verify`). A request no plan
 fits exits 2 with one line naming the memory per device that would fit and the plan.
 On ``--device cpu`` (this machine's simulated devices are the target) it then builds and times
 the 3 best-predicted plans (``--measure K`` for another count, 0 for none; a warm-up step, the
@@ -176,41 +177,60 @@ def _on_cpu(plan):
 
 def verify(result: SearchResult, k: int, n: int, budget: float) -> list[str]:
     """Compile the plans in rank order (on ``n`` simulated CPU devices) until ``k`` of them fit
-    ``budget``, at most ``3k`` compiles: a plan whose compiled peak is over the budget is
-    dropped and the next one compiled; those kept carry their compiled memory. A plan whose
-    prediction *as the CPU compiles it* (:func:`_on_cpu`: the blockwise kernel in place of
-    cuDNN's, so the scores are not the difference, but the CPU's XLA holds 16-bit activations in
-    fp32, :func:`colossal_jax.auto.per_device.act_bytes`, and offloaded state in the devices'
-    memory) is over the budget is skipped without compiling: its CPU compile could not confirm
-    it. Reports the compiled memory against the prediction as the CPU compiles the plan (and
-    the GPU's beside it)."""
+    ``budget``, at most ``3k`` compiles that decide (and ``10k`` in all); those kept carry their
+    compiled memory. Each compile is
+    read against the plan's prediction *as the CPU compiles it* (:func:`_on_cpu`: the blockwise
+    kernel in place of cuDNN's, so the scores are not the difference, but the CPU's XLA holds
+    16-bit activations in fp32, :func:`colossal_jax.auto.per_device.act_bytes`, and offloaded
+    state in the devices' memory):
+
+    - compiled within the budget: confirmed, kept (whatever the CPU prediction said);
+    - compiled over it, predicted within it: the prediction was wrong, the plan is dropped;
+    - compiled over it, predicted over it as the CPU compiles it: the CPU cannot confirm the
+      plan either way, it is skipped (not dropped: the GPU's prediction stands untested).
+
+    A plan that offloads state to the host and is over the budget as the CPU compiles it is
+    skipped without compiling: the CPU compile holds the offloaded state in device memory, so it
+    could only be over. Reports the compiled memory against the prediction as the CPU compiles
+    the plan (and the GPU's beside it)."""
     from colossal_jax.auto.measure import compile_cached
 
-    lines, kept, tried, skipped, over = [], [], 0, [], []
+    lines, kept, tried, compiles, skipped, over = [], [], 0, 0, [], []
     ranked = list(result.ranked)
     at = 0
-    while at < len(ranked) and len(kept) < k and tried < 3 * k:
+    while at < len(ranked) and len(kept) < k and tried < 3 * k and compiles < 10 * k:
         r = ranked[at]
         at += 1
         cpu_plan = _on_cpu(r.plan)
         on_cpu = memory.memory_bytes(cpu_plan)
-        if on_cpu > budget:  # its CPU compile would hold what the GPU's does not
-            skipped.append(f"{r.name} ({on_cpu / GB:.1f} GB)")
+        on_gpu = r.plan.devices.platform != "cpu"
+        if on_cpu > budget and on_gpu and r.plan.offload != "none":  # held on the CPU's devices
+            skipped.append(f"{r.name} ({on_cpu / GB:.1f} GB, offload={r.plan.offload})")
             continue
-        tried += 1
+        compiles += 1
         compiled, _ = compile_cached(cpu_plan)
         pred = r.prediction.memory_bytes
         err = (on_cpu - compiled.peak_bytes) / compiled.peak_bytes
         fits = compiled.peak_bytes <= budget
-        gpu = "" if r.plan.devices.platform == "cpu" else f"; on the GPU {pred / GB:.3f}"
+        unconfirmed = not fits and on_cpu > budget and on_gpu
+        gpu = f"; on the GPU {pred / GB:.3f}" if on_gpu else ""
+        verdict = ""
+        if unconfirmed:
+            verdict = (
+                f"; over the budget {budget / GB:.2f} GB as predicted for the CPU, which "
+                "cannot confirm it: skipped"
+            )
+            skipped.append(f"{r.name} (compiled {compiled.peak_bytes / GB:.1f} GB)")
+        else:
+            tried += 1
+        if not unconfirmed and not fits:
+            verdict = f"; over the budget {budget / GB:.2f} GB, dropped"
+            over.append(f"{r.name} {compiled.peak_bytes / GB:.1f} GB (predicted {pred / GB:.1f})")
         lines.append(
             f"compiled {r.name}: {compiled.peak_bytes / GB:.3f} GB per device (predicted "
             f"{on_cpu / GB:.3f} as the CPU compiles it, {err:+.0%}{gpu}), compile "
-            f"{compiled.compile_s:.1f}s"
-            + ("" if fits else f"; over the budget {budget / GB:.2f} GB, dropped")
+            f"{compiled.compile_s:.1f}s" + verdict
         )
-        if not fits:
-            over.append(f"{r.name} {compiled.peak_bytes / GB:.1f} GB (predicted {pred / GB:.1f})")
         if fits:
             kept.append(
                 dataclasses.replace(
@@ -221,12 +241,18 @@ def verify(result: SearchResult, k: int, n: int, budget: float) -> list[str]:
     if skipped:
         first = "; ".join(skipped[:3]) + ("; …" if len(skipped) > 3 else "")
         lines.append(
-            f"skipped {len(skipped)} plans predicted to fit on the GPU but over the budget as the "
-            "CPU compiles them (its XLA holds 16-bit activations in fp32 and offloaded state in "
-            f"device memory), in rank order: {first}"
+            f"skipped {len(skipped)} plans predicted to fit on the GPU that the CPU could not "
+            "confirm (its XLA holds 16-bit activations in fp32 and offloaded state in device "
+            f"memory), in rank order: {first}"
         )
     result.ranked[:] = kept + ranked[at:]
     if not kept:
+        if skipped and not over:
+            raise ConfigError(
+                f"none of the best {len(skipped)} plans could be confirmed by compiling on the "
+                f"CPU within {budget / GB:.2f} GB per device ({first}): plan with --verify 0 to "
+                "keep the GPU's predictions, or give more --memory-gb"
+            )
         raise ConfigError(
             f"the best {tried} plans compiled over the budget {budget / GB:.2f} GB per device "
             f"({'; '.join(over)}); give more --memory-gb or more --devices"

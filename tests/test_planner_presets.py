@@ -174,31 +174,75 @@ def test_on_one_device_a_choice_over_the_budget_falls_back_to_another_knob(monke
     assert lines[0].startswith(f"compiled {first.name}:")
 
 
-def test_verify_skips_a_gpu_plan_its_cpu_compile_could_not_confirm(monkeypatch):
-    """A bf16 GPU plan fits by the flash-attention prediction but not as the CPU compiles it
-    (scores kept): ``--verify`` skips it without compiling and compiles the next."""
-    from colossal_jax.auto import measure
-    from colossal_jax.auto.measure import Compiled
-
+def _gpu_ranking(offload: bool):
+    """A bf16 GPU ranking of one-device plans, the first with offloaded state or without, and the
+    first's prediction as the CPU compiles it above the GPU's."""
     plan_py = _script("plan")
     cfg = TrainConfig.for_model("gpt2-tiny", batch_size=8, seq_len=256, precision="bf16")
     result = search(cfg, 1, hardware.hardware("h100"), budget=2**40)
-    result.ranked[:] = _every_knob_of(result, cfg)
+    ranked = _every_knob_of(result, cfg)
+    ranked.sort(key=lambda r: (r.plan.offload != "none") != offload)  # stable: rank order kept
+    result.ranked[:] = ranked
     best = result.ranked[0]
+    assert (best.plan.offload != "none") == offload
     gpu, cpu = best.prediction.memory_bytes, memory.memory_bytes(plan_py._on_cpu(best.plan))
-    assert cpu > gpu  # the scores: kept by XLA's attention, not by cuDNN's
-    budget = (gpu + cpu) / 2
+    assert cpu > gpu  # fp32 activations (and offloaded state) in the CPU's device memory
+    return plan_py, result, best, (gpu + cpu) / 2
+
+
+def _fake_compiles(monkeypatch, peak_of):
+    from colossal_jax.auto import measure
+    from colossal_jax.auto.measure import Compiled
+
     compiled = []
 
     def fake(plan, cache=None):
         compiled.append(plan)
-        return Compiled(0, 0, 0, 0, 0, 1.0, {}, 0.1), False
+        return Compiled(0, 0, 0, 0, 0, peak_of(plan), {}, 0.1), False
 
     monkeypatch.setattr(measure, "compile_cached", fake)
+    return compiled
+
+
+def test_verify_skips_an_offloading_gpu_plan_without_compiling_it(monkeypatch):
+    """Offloaded state sits in the CPU's device memory: a GPU plan that offloads and is over the
+    budget as the CPU compiles it is skipped without compiling, and the next compiled."""
+    plan_py, result, best, budget = _gpu_ranking(offload=True)
+    compiled = _fake_compiles(monkeypatch, lambda plan: 1.0)
     lines = plan_py.verify(result, 1, 1, budget=budget)
-    assert best.plan not in compiled and len(compiled) == 1
-    assert any(line.startswith("skipped ") for line in lines)
-    assert memory.memory_bytes(plan_py._on_cpu(result.ranked[0].plan)) <= budget
+    assert plan_py._on_cpu(best.plan) not in compiled
+    assert len(compiled) == 1 and result.ranked[0].name != best.name
+    assert any(line.startswith("skipped ") and "offload=" in line for line in lines)
+
+
+def test_verify_keeps_a_gpu_plan_whose_cpu_compile_fits_though_its_cpu_prediction_did_not(
+    monkeypatch,
+):
+    """The compile decides: a GPU plan predicted over the budget as the CPU compiles it but
+    compiled within it is confirmed and kept first, with its compiled memory."""
+    plan_py, result, best, budget = _gpu_ranking(offload=False)
+    compiled = _fake_compiles(monkeypatch, lambda plan: budget / 2)
+    lines = plan_py.verify(result, 1, 1, budget=budget)
+    assert len(compiled) == 1 and result.ranked[0].name == best.name
+    assert result.ranked[0].prediction.memory_bytes == budget / 2
+    assert lines[0].startswith(f"compiled {best.name}:") and "skipped" not in lines[0]
+
+
+def test_verify_skips_not_drops_a_gpu_plan_the_cpu_compile_cannot_confirm(monkeypatch):
+    """Compiled over the budget where its CPU prediction was over it too, a GPU plan is neither
+    confirmed nor refuted: skipped (said so), the next compiled; if none can be confirmed the
+    error says so and names --verify 0."""
+    plan_py, result, best, budget = _gpu_ranking(offload=False)
+    first = result.ranked[0].plan
+    compiled = _fake_compiles(monkeypatch, lambda plan: 2 * budget if len(compiled) == 1 else 1.0)
+    lines = plan_py.verify(result, 1, 1, budget=budget)
+    assert compiled[0] == plan_py._on_cpu(first) and len(compiled) == 2
+    assert result.ranked[0].name != best.name
+    assert "cannot confirm it: skipped" in lines[0] and "dropped" not in lines[0]
+    _, result, _, budget = _gpu_ranking(offload=False)
+    _fake_compiles(monkeypatch, lambda plan: 2**50)  # everything over, every CPU prediction too
+    with pytest.raises(ConfigError, match="could be confirmed by compiling on the CPU"):
+        plan_py.verify(result, 1, 1, budget=1.0)
 
 
 def _every_knob_of(result, cfg):
