@@ -282,6 +282,11 @@ def main(argv: list[str] | None = None) -> int:
             )
         if args.top < 1:
             raise ConfigError(f"--top {args.top} must be at least 1 (e.g. --top 10)")
+        if args.time_budget is not None and not args.time_budget > 0:
+            raise ConfigError(
+                f"--time-budget {args.time_budget} must be a positive number of seconds "
+                "(e.g. --time-budget 60)"
+            )
         if args.out:
             check_writable_file("--out", args.out, "/tmp/plan.toml", name="plan.toml")
         budget = hw.memory_bytes if args.memory_gb is not None else budget_of(hw, n)

@@ -138,6 +138,16 @@ def main(argv: list[str] | None = None) -> int:
     if args.rounds < 1:
         print(f"error: --rounds {args.rounds} must be ≥ 1 (e.g. --rounds 3)", file=sys.stderr)
         return 2
+    if args.time_budget is not None and not args.time_budget > 0:
+        print(
+            f"error: --time-budget {args.time_budget} must be a positive number of seconds "
+            "(e.g. --time-budget 3600)",
+            file=sys.stderr,
+        )
+        return 2
+    if args.sample is not None and args.sample < 1:
+        print(f"error: --sample {args.sample} must be ≥ 1 (e.g. --sample 12)", file=sys.stderr)
+        return 2
     if args.devices < 1 or args.steps < 0:
         print(
             f"error: --devices {args.devices} must be ≥ 1 and --steps {args.steps} ≥ 0 "
