@@ -92,3 +92,49 @@ def test_grouped_query_attention_moves_only_its_key_value_heads(mode):
     # the same plan with every head its own key/value head moves more
     full = dataclasses.replace(cfg, model_overrides={**LLAMA, "n_kv_head": 4})
     assert _predicted_bytes(_plan(full, data=4, seq=2, seq_mode=mode))["seq"] > predicted["seq"]
+
+
+REMAT_EVERY_RUN = [
+    ({"data": 4, "tensor_row": 2, "tensor_mode": "1d"}, "dots"),
+    ({"data": 4, "seq": 2, "seq_mode": "ulysses"}, "dots"),
+]
+"""Compiled in every run: 1D's re-issued all-reduce and Ulysses' all-to-alls; the grids and the
+ring's policies with ``-m exhaustive``."""
+REMAT_CASES = [
+    *REMAT_EVERY_RUN,
+    *(
+        pytest.param(*case, marks=pytest.mark.exhaustive)
+        for case in [
+            ({"tensor_row": 8, "tensor_mode": "1d"}, "full"),
+            ({"data": 2, "tensor_row": 2, "tensor_col": 2, "tensor_mode": "2d"}, "dots"),
+            ({"tensor_row": 2, "tensor_col": 2, "tensor_depth": 2, "tensor_mode": "3d"}, "dots"),
+            ({"data": 4, "seq": 2, "seq_mode": "ring-self-attention"}, "selective"),
+            ({"data": 2, "seq": 4, "seq_mode": "ring"}, "full"),
+            ({"data": 2, "seq": 4, "seq_mode": "ring"}, "dots"),
+        ]
+    ),
+]
+
+
+def _with_remat(plan, remat: str):
+    knobs = Knobs(zero=plan.zero, remat=remat, offload="none", grad_accum=plan.grad_accum)
+    return resolve(knobs.apply(plan.config), 8)
+
+
+@pytest.mark.parametrize(("axes", "remat"), REMAT_CASES)
+def test_a_remat_policy_sends_the_recomputed_forward_again(axes, remat):
+    """The bytes a policy adds to ``none``'s, per axis, predicted as compiled (within 10%): the
+    recomputed forward's collectives (1D's attention-output all-reduce, the grids' gathers,
+    Ulysses' all-to-alls, ring self-attention's rotations, the ring's hops under ``full``)."""
+    cfg = dataclasses.replace(_gpt(), model_overrides={**_gpt().model_overrides, "n_head": 8})
+    base = _plan(cfg, **axes)
+    plan = _with_remat(base, remat)
+    added_pred = sum(_predicted_bytes(plan).values()) - sum(_predicted_bytes(base).values())
+    added = sum(compile_plan(plan).axis_bytes.values()) - sum(
+        compile_plan(base).axis_bytes.values()
+    )
+    assert added_pred == pytest.approx(added, rel=0.10, abs=1024)
+    if axes.get("seq_mode") == "ring" and remat == "dots":  # the kernel saves its residuals
+        assert added_pred == 0.0
+    else:
+        assert added_pred > 0.0
