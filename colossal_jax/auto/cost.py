@@ -47,7 +47,9 @@ from colossal_jax.auto.per_device import (
     dims,
     kv_heads,
     params_per_device,
+    pipeline_messages,
     pipeline_shape,
+    rest_params_per_device,
     ring_attention,
     stage_stack_params,
     stored_params_per_device,
@@ -82,6 +84,17 @@ RING_COLLECTIVES_PER_HOP = 8
 """Ring attention's collective-permutes per layer, microbatch and hop: K and V forward, K, V
 and their gradients backward, and the positions both ways, as compiled (95 for 4 layers at
 ``seq=4``, 211 at ``seq=8``; until 2026-11-27 6)."""
+
+
+def pipelined_hop_factor(p: int) -> int:
+    """How many times a ring hop's bytes a pipeline stage sends: inside the executor's
+    per-stage branches a hop is an all-to-all whose one non-empty block goes to the next
+    device (:func:`colossal_jax.tensor.kernels.ring_shift`: XLA's CPU runtime makes a
+    collective-permute there wait for every device), so each device receives ``p − 1``
+    blocks of the hop's size, ``1`` at ``p = 2`` (compiled, ``pipe=2,seq=4`` ring GPipe M4:
+    7.50 MiB of hops against the unpipelined formula's 2.50; until 2026-12-07 counted
+    ``1``)."""
+    return max(1, p - 1)
 
 
 PARAM_LEAVES = 3
@@ -218,11 +231,20 @@ def axis_traffic(plan: Plan) -> dict[str, tuple[float, float]]:
         else:  # ring self-attention: RingQK and RingAV forward, dK and dV back the same way
             fwd = seq_cost.ring_self_attention_forward_elements(b, s, kv, p)
             el, count = (2 + again) * fwd, (6 + 3 * again) * (p - 1)
+        if name != "ulysses" and par.pipelined:
+            el *= pipelined_hop_factor(p)
         out["seq"] = (el * ab * layers * mt, count * layers * mt)
     if par.pipe > 1:
         act = tok * h * ab / act_split(plan)
-        n = 2 * mt * plan.virtual_stages
-        out["pipe"] = (n * act, n)
+        n = pipeline_messages(plan)
+        # the embeddings, final norm and head, stored split over ``pipe``: gathered whole for
+        # the step and their fp32 gradient reduce-scattered back (pipeline/step.py), each of
+        # ZeRO's ``data`` shard where ZeRO shards it (the parameters at 3, the gradient from
+        # 2), as compiled (GPipe, 1F1B, interleaved and ZB-H1 at ZeRO 0–3, since 2026-12-07)
+        one = (par.pipe - 1) / par.pipe * 4 * rest_params_per_device(plan)
+        gather = one / (par.data if plan.zero >= 3 else 1)
+        scatter = one / (par.data if plan.zero >= 2 else 1)
+        out["pipe"] = (n * act + gather + scatter, n + 2 * PARAM_LEAVES)
     out.update(_gradient_traffic(plan, psi, mt, out.get("seq")))
     return out
 
@@ -268,8 +290,12 @@ def _gradient_traffic(
     and ``seq``; as compiled (the 4-layer GPT at ``data=4,seq=2``, every ZeRO stage): ZeRO 0
     and 1 reduce over ``data × seq`` as one group (counted on ``data``); ZeRO 2 all-reduces the
     gradient over ``seq`` for each accumulated microbatch, then reduce-scatters over ``data``;
-    ZeRO 3's reduce-scatter and gathers cover ``seq`` within the ``data`` figure; with no
-    ``data`` axis, an all-reduce over ``seq``."""
+    ZeRO 3's reduce-scatter and gathers cover ``seq`` within the ``data`` figure — in a
+    pipeline two gathers and a reduce-scatter of the stage's stack per microbatch and one
+    gather and one reduce-scatter of the rest (embeddings, final norm, head) a step (compiled,
+    ``data=4,pipe=2`` GPipe at M = 2 and 4: 1.92 and 3.63 MiB; until 2026-12-07 every parameter
+    three times per microbatch, 2.35 and 4.70); with no ``data`` axis, an all-reduce over
+    ``seq``."""
     par = plan.config.parallel
     out: dict[str, tuple[float, float]] = {}
     r, z, accum = par.seq, plan.zero, plan.grad_accum
@@ -288,6 +314,10 @@ def _gradient_traffic(
             nbytes, count = 3 * f * 4 * psi, 2 * PARAM_LEAVES
         elif z == 2:
             nbytes, count = (accum + 1) * f * 4 * psi, (accum + 1) * PARAM_LEAVES
+        elif par.pipelined:  # the stage's stack per microbatch, the rest once a step
+            stack, rest = stage_stack_params(plan), rest_params_per_device(plan)
+            nbytes = f * 4 * (3 * stack * mt + 2 * rest)
+            count = 3 * PARAM_LEAVES * mt + 2 * PARAM_LEAVES
         else:
             nbytes, count = 3 * f * 4 * psi * mt, 3 * PARAM_LEAVES * mt
         out["data"] = (nbytes, count)

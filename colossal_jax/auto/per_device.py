@@ -140,3 +140,22 @@ def _pipeline_shape(schedule: str, p: int, m: int, v: int) -> tuple[int, tuple]:
 
     built = build(schedule, p, m, v)
     return built.ticks, tuple(built.slots.items())
+
+
+def pipeline_messages(plan: Plan) -> int:
+    """The activation-sized messages one step's pipeline sends on ``pipe``: every tick whose
+    message switch runs one ring (up or down) sends one, a tick running both two
+    (:meth:`colossal_jax.pipeline.schedule.Schedule.ring_counts`); the plan must be
+    pipelined."""
+    par = plan.config.parallel
+    return _pipeline_messages(
+        plan.pipeline, par.pipe, plan.schedule_microbatches, plan.virtual_stages
+    )
+
+
+@functools.cache
+def _pipeline_messages(schedule: str, p: int, m: int, v: int) -> int:
+    from colossal_jax.pipeline.schedule import build
+
+    _, up, down, both = build(schedule, p, m, v).ring_counts()
+    return up + down + 2 * both
