@@ -191,3 +191,31 @@ def test_a_pipelines_bytes_per_axis_are_predicted_as_compiled(axes, zero):
         compiled[key.split("+")[0]] = compiled.get(key.split("+")[0], 0.0) + nbytes
     for axis in ("pipe", "seq", "data"):
         assert predicted.get(axis, 0.0) == pytest.approx(compiled.get(axis, 0.0), rel=0.05), axis
+
+
+@pytest.mark.parametrize("zero", [2, pytest.param(1, marks=pytest.mark.exhaustive)])
+def test_zero_runs_an_all_gather_and_a_reduce_scatter_per_parameter_leaf(zero):
+    """XLA combines the gradient's all-reduces into a few but runs ZeRO's all-gathers and
+    reduce-scatters one per parameter leaf: the predicted count of ``data``'s collectives (its
+    α) is the compiled one."""
+    import jax
+
+    from colossal_jax.analysis.axes import group_axes
+    from colossal_jax.analysis.hlo import collective_lines, device_groups
+    from colossal_jax.config.choices import MESH_ORDER
+    from colossal_jax.training.batches import global_batch
+    from colossal_jax.training.checkpoint import abstract_like
+    from colossal_jax.training.run import build
+    from colossal_jax.training.steps import make_train_step
+
+    plan = _plan(_gpt(), zero, data=8)
+    run = build(plan)
+    params = abstract_like(run.abstract_params, run.param_shardings)
+    opt = abstract_like(jax.eval_shape(run.tx.init, run.abstract_params), run.opt_shardings)
+    text = make_train_step(run).lower(params, opt, global_batch(run, 0)).compile().as_text()
+    compiled = 0.0
+    for collective, line in collective_lines(text):
+        axes, _ = group_axes(device_groups(line, 8), tuple(plan.mesh_shape), tuple(MESH_ORDER))
+        if axes == ("data",) and collective.total_bytes > 0:
+            compiled += collective.count
+    assert cost.axis_traffic(plan)["data"][1] == compiled

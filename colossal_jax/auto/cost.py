@@ -20,10 +20,14 @@ Everything is derived from the model's dimensions and the plan, in closed form (
 - **Communication**, bytes received per device per step on each mesh axis, by the formulas of
   docs/formulas.md: tensor (:mod:`colossal_jax.tensor.cost`, every layer of the stage, every
   microbatch), sequence (:mod:`colossal_jax.sequence.cost`, as the kernels send it: only the
-  key/value heads under grouped-query attention), pipeline (one activation forward and its
-  gradient back per microbatch and chunk), the gradient's reduction over every replica of the
-  parameters (``data × seq``: the all-reduce, or ZeRO's reduce-scatter + all-gather, stage 2
-  per microbatch, stage 3 with two gathers per microbatch; :func:`_gradient_traffic`).
+  key/value heads under grouped-query attention; inside a pipeline stage a ring hop is an
+  all-to-all, :func:`pipelined_hop_factor`), pipeline (an activation on every tick whose
+  message switch runs a ring, two where it runs both, from the schedule's table; the
+  embeddings, final norm and head gathered over ``pipe`` and their gradient scattered back),
+  the gradient's reduction over every replica of the parameters (``data × seq``: the
+  all-reduce, or ZeRO's reduce-scatter + all-gather, stage 2 per microbatch, stage 3 with two
+  gathers per microbatch; :func:`_gradient_traffic`), and what a remat policy's recomputed
+  forward sends again (:func:`_recomputed_tensor`, :func:`_recomputes_sequence_forward`).
   Each axis's bytes cost ``α · collectives + bytes / β`` on its link.
 - **Overlap (the assumption).** On a GPU the data axis's traffic (gradient reduction, ZeRO
   gathers) overlaps the backward pass, so only what exceeds 2/3 of the compute is exposed; the
@@ -46,6 +50,7 @@ from colossal_jax.auto.per_device import (
     blockwise_attention,
     dims,
     kv_heads,
+    param_leaves,
     params_per_device,
     pipeline_messages,
     pipeline_shape,
@@ -97,10 +102,20 @@ def pipelined_hop_factor(p: int) -> int:
     return max(1, p - 1)
 
 
+ZERO3_COLLECTIVES_PER_LAYER_LEAF = 2.25
+"""ZeRO-3's collectives per parameter leaf of a layer, per layer and microbatch: a
+reduce-scatter of its gradient and its gathers, forward and backward, of which XLA merges
+some (the 4-layer GPT, 16 leaves a layer, 8 CPU devices: 162 reduce-scatters and all-gathers
+at ``data=8``, 330 at ``data=4,pipe=2`` ZB-H1 M4, against ``2.25·16·layers·M + 2·21``'s 186
+and 330)."""
+
+
 PARAM_LEAVES = 3
 """Collectives a reduction over ``data`` runs as compiled: XLA's all-reduce combiner merges the
 gradient's leaves into about 3 (``data=8`` of the 4-layer GPT and llama-tiny; until 2026-11-27
-16, one per stacked leaf)."""
+16, one per stacked leaf). Its all-gathers and reduce-scatters (ZeRO) it does not merge: one
+per leaf (:func:`~colossal_jax.auto.per_device.param_leaves`; the GPT's 21 at ZeRO 1 and 2,
+pipelined or not; until 2026-12-07 counted 3 too)."""
 
 
 @dataclass(frozen=True)
@@ -244,7 +259,7 @@ def axis_traffic(plan: Plan) -> dict[str, tuple[float, float]]:
         one = (par.pipe - 1) / par.pipe * 4 * rest_params_per_device(plan)
         gather = one / (par.data if plan.zero >= 3 else 1)
         scatter = one / (par.data if plan.zero >= 2 else 1)
-        out["pipe"] = (n * act + gather + scatter, n + 2 * PARAM_LEAVES)
+        out["pipe"] = (n * act + gather + scatter, n + 2 * param_leaves(plan)[1])
     out.update(_gradient_traffic(plan, psi, mt, out.get("seq")))
     return out
 
@@ -299,6 +314,7 @@ def _gradient_traffic(
     par = plan.config.parallel
     out: dict[str, tuple[float, float]] = {}
     r, z, accum = par.seq, plan.zero, plan.grad_accum
+    layers = plan.model.n_layer // par.pipe
     if r > 1 and (par.data == 1 or z == 2):
         nbytes, count = seq or (0.0, 0.0)
         times = accum if par.data > 1 else 1
@@ -308,18 +324,22 @@ def _gradient_traffic(
         f = (d - 1) / d
         if z in (0, 1):
             f = (d * r - 1) / (d * r)
+        per_layer, rest_leaves = param_leaves(plan)
+        leaves = per_layer + rest_leaves
         if z == 0:
             nbytes, count = 2 * f * 4 * psi, PARAM_LEAVES
         elif z == 1:
-            nbytes, count = 3 * f * 4 * psi, 2 * PARAM_LEAVES
+            nbytes, count = 3 * f * 4 * psi, PARAM_LEAVES + leaves
         elif z == 2:
-            nbytes, count = (accum + 1) * f * 4 * psi, (accum + 1) * PARAM_LEAVES
-        elif par.pipelined:  # the stage's stack per microbatch, the rest once a step
-            stack, rest = stage_stack_params(plan), rest_params_per_device(plan)
-            nbytes = f * 4 * (3 * stack * mt + 2 * rest)
-            count = 3 * PARAM_LEAVES * mt + 2 * PARAM_LEAVES
+            nbytes, count = (accum + 1) * f * 4 * psi, PARAM_LEAVES + (accum + 1) * leaves
         else:
-            nbytes, count = 3 * f * 4 * psi * mt, 3 * PARAM_LEAVES * mt
+            layer_gathers = ZERO3_COLLECTIVES_PER_LAYER_LEAF * per_layer * layers * mt
+            count = PARAM_LEAVES + layer_gathers + 2 * leaves
+            if par.pipelined:  # the stage's stack per microbatch, the rest once a step
+                stack, rest = stage_stack_params(plan), rest_params_per_device(plan)
+                nbytes = f * 4 * (3 * stack * mt + 2 * rest)
+            else:
+                nbytes = 3 * f * 4 * psi * mt
         out["data"] = (nbytes, count)
     return out
 
