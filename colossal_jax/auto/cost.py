@@ -21,8 +21,9 @@ Everything is derived from the model's dimensions and the plan, in closed form (
   docs/formulas.md: tensor (:mod:`colossal_jax.tensor.cost`, every layer of the stage, every
   microbatch), sequence (:mod:`colossal_jax.sequence.cost`, as the kernels send it: only the
   key/value heads under grouped-query attention; inside a pipeline stage a ring hop is an
-  all-to-all, :func:`pipelined_hop_factor`), pipeline (an activation on every tick whose
-  message switch runs a ring, two where it runs both, from the schedule's table; the
+  all-to-all, :func:`~colossal_jax.sequence.cost.pipelined_hop_blocks`), pipeline (an
+  activation on every tick whose message switch runs a ring, two where it runs both, from the
+  schedule's table; the
   embeddings, final norm and head gathered over ``pipe`` and their gradient scattered back),
   the gradient's reduction over every replica of the parameters (``data × seq``: the
   all-reduce, or ZeRO's reduce-scatter + all-gather, stage 2 per microbatch, stage 3 with two
@@ -89,17 +90,6 @@ RING_COLLECTIVES_PER_HOP = 8
 """Ring attention's collective-permutes per layer, microbatch and hop: K and V forward, K, V
 and their gradients backward, and the positions both ways, as compiled (95 for 4 layers at
 ``seq=4``, 211 at ``seq=8``; until 2026-11-27 6)."""
-
-
-def pipelined_hop_factor(p: int) -> int:
-    """How many times a ring hop's bytes a pipeline stage sends: inside the executor's
-    per-stage branches a hop is an all-to-all whose one non-empty block goes to the next
-    device (:func:`colossal_jax.tensor.kernels.ring_shift`: XLA's CPU runtime makes a
-    collective-permute there wait for every device), so each device receives ``p − 1``
-    blocks of the hop's size, ``1`` at ``p = 2`` (compiled, ``pipe=2,seq=4`` ring GPipe M4:
-    7.50 MiB of hops against the unpipelined formula's 2.50; until 2026-12-07 counted
-    ``1``)."""
-    return max(1, p - 1)
 
 
 ZERO3_COLLECTIVES_PER_LAYER_LEAF = 2.25
@@ -247,7 +237,7 @@ def axis_traffic(plan: Plan) -> dict[str, tuple[float, float]]:
             fwd = seq_cost.ring_self_attention_forward_elements(b, s, kv, p)
             el, count = (2 + again) * fwd, (6 + 3 * again) * (p - 1)
         if name != "ulysses" and par.pipelined:
-            el *= pipelined_hop_factor(p)
+            el *= seq_cost.pipelined_hop_blocks(p)
         out["seq"] = (el * ab * layers * mt, count * layers * mt)
     if par.pipe > 1:
         act = tok * h * ab / act_split(plan)

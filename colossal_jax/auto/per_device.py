@@ -165,7 +165,8 @@ def param_leaves(plan: Plan) -> tuple[int, int]:
     """``(leaves of one layer of the stack, leaves of the rest)`` of the model's parameter
     tree (the 4-layer GPT: 16 and 5): XLA combines a step's all-reduces but not its
     all-gathers and reduce-scatters, which run one per leaf. Read off the family's abstract
-    model, kept per model."""
+    model, kept per model; a layer's leaves are those under a
+    :class:`~colossal_jax.layers.stack.Stack`'s ``layers`` (every family's stack is one)."""
     try:
         return _param_leaves(plan.config.model, plan.model)
     except TypeError:  # a config that cannot be hashed is counted every time

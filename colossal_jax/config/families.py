@@ -12,6 +12,7 @@ and another package can add families by declaring an entry point of its own. Cod
 
 Nothing here imports JAX or Flax.
 """
+
 from __future__ import annotations
 
 import dataclasses
