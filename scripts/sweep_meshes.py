@@ -99,6 +99,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--filter applied), each read from the files; the ones no file holds are named",
     )
     p.add_argument(
+        "--one-scale",
+        action="store_true",
+        help="with --from-json: put the files' step times on one scale first (each file's "
+        "scale fitted on the plans they share, auto/sweep_scale.py), since a sweep's "
+        "normalised times carry its day's host speed and reference",
+    )
+    p.add_argument(
         "--fit",
         action="store_true",
         help="with --from-json: print the simulated CPU devices' step costs (hardware.CPU_STEP) "
@@ -177,8 +184,21 @@ def main(argv: list[str] | None = None) -> int:
         hw = hardware(args.device, args.memory_gb)
         if args.current and not args.from_json:
             raise ValueError("--current needs --from-json SWEEP.json [MORE.json ...]")
+        if args.one_scale and not args.from_json:
+            raise ValueError("--one-scale needs --from-json SWEEP.json [MORE.json ...]")
         if args.from_json:
             docs = [read_sweep(path) for path in args.from_json]
+            if args.one_scale:
+                from colossal_jax.auto.sweep_scale import on_one_scale
+
+                docs = on_one_scale(docs, [f"--from-json {p}" for p in args.from_json])
+                print(
+                    "scales: "
+                    + ", ".join(
+                        f"{p.name} {d['scale']:.3f}"
+                        for p, d in zip(args.from_json, docs, strict=True)
+                    )
+                )
             names = None
             if args.current:
                 listed = sweep.plans(

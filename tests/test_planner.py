@@ -246,6 +246,7 @@ CARELESS = [
     ("sweep_meshes", ["--from-json", "{list}"], "is not a sweep's JSON"),
     ("sweep_meshes", ["--from-json", "{rowless}"], "row 0 lacks chosen"),
     ("sweep_meshes", ["--current"], "--current needs --from-json"),
+    ("sweep_meshes", ["--one-scale"], "--one-scale needs --from-json"),
     # a sweep of another model or size: none of the planner's current plans is in it
     (
         "sweep_meshes",
