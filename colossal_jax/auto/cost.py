@@ -44,7 +44,13 @@ import math
 from dataclasses import dataclass, field
 
 from colossal_jax.auto.hardware import CPU_STEP, Hardware
-from colossal_jax.auto.memory import MEMORY_COEF, chunk_bytes, memory_terms
+from colossal_jax.auto.memory import (
+    MEMORY_COEF,
+    chunk_bytes,
+    kept_elements,
+    memory_terms,
+    record_share,
+)
 from colossal_jax.auto.per_device import (
     act_bytes,
     act_split,
@@ -368,6 +374,8 @@ def predict(plan: Plan, hw: Hardware, terms: dict[str, float] | None = None) -> 
     chunk_work = compute + sum(s for x, s in axis_s.items() if x in TICK_AXES)
     chunk_work += sum(cpu_parts.get(k, 0.0) for k in TICK_CPU_TERMS)
     bub = chunk_work * bubble(plan, hw.shared)
+    if hw.shared:  # a bubble tick on shared cores costs the record traffic every device runs
+        bub *= record_share(plan)
     terms = terms if terms is not None else memory_terms(plan)
     state = MEMORY_COEF["state"] * terms["state"] + MEMORY_COEF["grads"] * terms["grads"]
     act = sum(MEMORY_COEF[k] * v for k, v in terms.items() if k not in ("state", "grads"))
@@ -418,11 +426,15 @@ def cpu_terms(plan: Plan) -> dict[str, float]:
         residual = ticks * slots["residual"] * chunk_bytes(plan) * plan.n_devices
         chunk_params = stage_stack_params(plan) / plan.virtual_stages
         stack = ticks * chunk_params * 4 * plan.n_devices  # fp32 gradient sums
+    tok = tokens_per_microbatch(plan)
+    layers = m.n_layer // par.pipe
+    kept = kept_elements(plan) * act_bytes(plan) * tok * layers * plan.schedule_microbatches
     return {
         "xla_score_s": 0.0 if ring else float(scores),
         "ring_score_s": float(scores) if ring else 0.0,
         "residual_tick_byte_s": residual,
         "stack_tick_byte_s": stack,
+        "kept_byte_s": kept * plan.n_devices,
     }
 
 

@@ -180,11 +180,12 @@ CPU_DEFAULT: dict = {
 one)."""
 
 CPU_STEP = {
-    "collective_s": 1.91e-4,
-    "xla_score_s": 1.34e-8,
-    "ring_score_s": 8.89e-9,
-    "residual_tick_byte_s": 1.23e-11,
-    "stack_tick_byte_s": 1.77e-10,
+    "collective_s": 0.000226,
+    "xla_score_s": 7.6e-09,
+    "ring_score_s": 5.47e-09,
+    "residual_tick_byte_s": 1.79e-11,
+    "stack_tick_byte_s": 2.11e-10,
+    "kept_byte_s": 4.82e-10,
 }
 """What a step on simulated CPU devices costs beyond its matmuls and its bytes on the links,
 per unit (:func:`colossal_jax.auto.cost.cpu_terms`): every collective (a rendezvous of every

@@ -223,7 +223,17 @@ def _record_elements(plan: Plan) -> float:
     return _per_token(plan, "record", lambda: _record_elements_of(plan))
 
 
-def _record_elements_of(plan: Plan) -> float:
+def record_share(plan: Plan) -> float:
+    """The share of ``remat=none``'s record that the plan's remat policy keeps: a microbatch's
+    record per token and layer under the policy over the same under ``none`` (1 under
+    ``none``; :func:`_record_elements_of`)."""
+    if plan.remat == "none":
+        return 1.0
+    whole = _per_token(plan, "record_none", lambda: _record_elements_of(plan, "none"))
+    return _record_elements(plan) / whole if whole > 0 else 1.0
+
+
+def _record_elements_of(plan: Plan, remat: str | None = None) -> float:
     """Elements per token and layer a microbatch keeps on a stage between its forward and its
     backward: the remat policy's (:func:`kept_elements`); with a split backward (ZB-H1, ZB-V)
     the larger of those, less a grid's gathered linear inputs, and what the record holds after
@@ -232,8 +242,8 @@ def _record_elements_of(plan: Plan) -> float:
     gradients need, the gathered inputs; W gathers them again from the record's local inputs
     (the 2D ZB-H1 GPT at M = 2 and 4 compiles 14% under the fused backward's residuals)."""
     if not (plan.config.parallel.pipelined and pipeline_schedule(plan.pipeline).split_backward):
-        return kept_elements(plan)
-    kept = kept_elements(plan, gathered=False)
+        return kept_elements(plan, remat)
+    kept = kept_elements(plan, remat, gathered=False)
     _, h, _, w, _ = dims(plan)
     nh, ni, ns = SPLIT_RECORD
     record = _split_elements(
