@@ -210,12 +210,17 @@ def test_a_pipeline_holds_a_tick_chunk_gradient_and_its_schedule_gradient_slots(
 def test_cpu_terms_price_attention_by_kernel_and_ticks_by_buffers_and_parameters():
     plain = cost.cpu_terms(_plan(data=8))
     scores = 16 * 4 * 32**2 * 2  # batch · heads · s² · layers
-    assert plain == {
-        "xla_score_s": scores,
-        "ring_score_s": 0.0,
-        "residual_tick_byte_s": 0.0,
-        "stack_tick_byte_s": 0.0,
-    }
+    kept = memory.kept_elements(_plan(data=8)) * 4 * 16 * 32 * 2  # fp32, batch·s, layers
+    assert plain == pytest.approx(
+        {
+            "xla_score_s": scores,
+            "ring_score_s": 0.0,
+            "residual_tick_byte_s": 0.0,
+            "stack_tick_byte_s": 0.0,
+            "kept_byte_s": kept,
+            "grid_flop_s": 0.0,
+        }
+    )
     ring = cost.cpu_terms(_plan(data=2, seq=4, seq_mode="ring"))
     assert ring["xla_score_s"] == 0.0 and ring["ring_score_s"] == scores
     # every tick costs the stage's record buffers: GPipe's M slots against 1F1B's p
@@ -409,8 +414,10 @@ def test_the_recomputed_layer_counts_only_in_multi_layer_pipeline_chunks():
             },
             "selective",
         ),
+        ({"tensor_row": 2, "tensor_col": 2, "tensor_depth": 2, "tensor_mode": "3d"}, "selective"),
+        ({"data": 2, "tensor_row": 4, "tensor_mode": "1d"}, "dots"),
     ],
-    ids=["unpipelined", "two-stage-1d"],
+    ids=["unpipelined", "two-stage-1d", "3d-partial-products", "1d-whole-outputs"],
 )
 def test_remat_memory_is_within_10_percent_of_the_compiled_peak(par, remat):
     """Shapes the recomputed layer's rule was not fitted on (8 layers; the fit: 4): 8 CPU
@@ -420,6 +427,52 @@ def test_remat_memory_is_within_10_percent_of_the_compiled_peak(par, remat):
     plan = _plan(remat=remat, model={"n_layer": 8, "n_embd": 256}, seq_len=256, **par)
     compiled = measure.compile_plan(plan).peak_bytes
     assert memory.memory_bytes(plan) == pytest.approx(compiled, rel=0.10)
+
+
+def test_grid_modes_flops_are_priced_apart_on_the_cpu():
+    """``grid_flop_s``: every FLOP a 2D, 2.5D or 3D plan runs, over the devices; none for 1D,
+    a sequence split or data parallelism alone."""
+    grid = _plan(data=2, tensor_row=2, tensor_col=2, tensor_mode="2d")
+    assert cost.cpu_terms(grid)["grid_flop_s"] == pytest.approx(cost.flops(grid)[1] * 8)
+    for par in ({"data": 8}, {"data": 4, "tensor_row": 2, "tensor_mode": "1d"}):
+        assert cost.cpu_terms(_plan(**par))["grid_flop_s"] == 0.0
+
+
+def test_3d_keeps_its_partial_products_under_the_policies_that_keep_matmul_outputs():
+    cube = {"tensor_row": 2, "tensor_col": 2, "tensor_depth": 2, "tensor_mode": "3d"}
+    for remat in memory.DOT_KEEPING:
+        plan = _plan(remat=remat, **cube)
+        k = layer_memory.kept(plan.model, remat)
+        split = memory._split_elements(plan, k.other, k.scores, h_share=0.0)
+        assert memory.kept_elements(plan) == pytest.approx(split + k.other / 8)  # q = 2 times
+    plain = _plan(**cube)  # under none the traced residuals as they are
+    k = layer_memory.kept(plain.model, "none")
+    want = memory._split_elements(plain, k.other, k.scores, h_share=0.0)
+    assert memory.kept_elements(plain, gathered=False) == pytest.approx(want)
+
+
+def test_1d_whole_outputs_count_apart_only_with_a_fused_backward():
+    oned = {"data": 2, "pipe": 2, "tensor_row": 2, "tensor_mode": "1d", "microbatches": 4}
+    fused = _plan(remat="selective", pipeline="1f1b", **oned)
+    split = _plan(remat="selective", pipeline="zb-h1", **oned)
+    assert memory.whole_1d_bytes(fused) > 0 and memory.whole_1d_bytes(split) == 0.0
+    assert memory.whole_1d_bytes(_plan(remat="selective", data=8)) == 0.0
+    # none's traced share is exact: the term carries no weight there
+    assert memory.weight("kept_1d_whole", "none") == 0.0
+    assert memory.weight("kept_1d_whole", "selective") > 0
+
+
+def test_remat_policies_weigh_the_memory_terms_by_their_own_weights():
+    for remat in ("none", "dots", "selective", "full"):
+        plan = _plan(remat=remat, data=2, pipe=2, seq=2, seq_mode="ring", pipeline="1f1b",
+                     microbatches=4, layers=4)  # fmt: skip
+        terms = memory.memory_terms(plan)
+        want = sum(memory.weight(k, remat) * v for k, v in terms.items())
+        assert memory.memory_bytes(plan) == pytest.approx(want)
+        assert cost.predict(plan, hardware.hardware("cpu")).memory_bytes == pytest.approx(want)
+        # the floor stays a lower bound under every policy's weights
+        assert memory.memory_bytes(plan, floor=True) <= memory.memory_bytes(plan)
+    assert memory.weight("working", "full") == memory.MEMORY_COEF["working"]
 
 
 def test_zero_gradient_terms_follow_the_compiled_step():

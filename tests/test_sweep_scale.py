@@ -51,3 +51,15 @@ def test_a_sweep_sharing_no_plan_is_named():
             [_doc({"a": 1.0, "b": 2.0}), _doc({"z": 5.0})],
             ["--from-json a.json", "--from-json b.json"],
         )
+
+
+def test_a_plan_timed_in_several_sweeps_takes_the_mean_of_its_scaled_timings():
+    one = _doc({"a": 1.0, "c": 3.0, "b": 2.0 * 1.1})  # b 10% slow in this sweep
+    two = _doc({"a": 1.0, "c": 3.0, "b": 2.0 / 1.1, "d": 4.0})  # and 10% fast in this one
+    k1, k2 = sweep_scale.scales([one, two])
+    want = math.sqrt(2.0 * 1.1 / k1 * (2.0 / 1.1) / k2)
+    for doc in sweep_scale.on_one_scale([one, two]):
+        b = next(r for r in doc["rows"] if r["name"] == "b")
+        assert b["normalized_s"] == pytest.approx(want, rel=1e-9) and b["timings"] == 2
+    d = next(r for r in sweep_scale.on_one_scale([one, two])[1]["rows"] if r["name"] == "d")
+    assert d["normalized_s"] == pytest.approx(4.0 / k2) and d["timings"] == 1

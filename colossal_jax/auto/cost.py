@@ -45,11 +45,11 @@ from dataclasses import dataclass, field
 
 from colossal_jax.auto.hardware import CPU_STEP, Hardware
 from colossal_jax.auto.memory import (
-    MEMORY_COEF,
     chunk_bytes,
     kept_elements,
     memory_terms,
     record_share,
+    weight,
 )
 from colossal_jax.auto.per_device import (
     act_bytes,
@@ -377,8 +377,8 @@ def predict(plan: Plan, hw: Hardware, terms: dict[str, float] | None = None) -> 
     if hw.shared:  # a bubble tick on shared cores costs the record traffic every device runs
         bub *= record_share(plan)
     terms = terms if terms is not None else memory_terms(plan)
-    state = MEMORY_COEF["state"] * terms["state"] + MEMORY_COEF["grads"] * terms["grads"]
-    act = sum(MEMORY_COEF[k] * v for k, v in terms.items() if k not in ("state", "grads"))
+    state = weight("state", plan.remat) * terms["state"] + weight("grads", plan.remat) * terms["grads"]
+    act = sum(weight(k, plan.remat) * v for k, v in terms.items() if k not in ("state", "grads"))
     return Prediction(
         step_s=compute + bub + exposed + offload + cpu,
         compute_s=compute,
@@ -394,6 +394,12 @@ def predict(plan: Plan, hw: Hardware, terms: dict[str, float] | None = None) -> 
         activation_bytes=act,
         cpu_s=cpu,
     )
+
+
+GRID_MODES = ("2d", "2.5d", "3d")
+"""The tensor modes whose linears run on a grid's blocks (SUMMA-style gathers of both operands,
+:mod:`colossal_jax.tensor.two_d`): on simulated CPU devices their FLOPs cost more than 1D's or
+a single device's (``grid_flop_s``, :func:`cpu_terms`)."""
 
 
 def cpu_terms(plan: Plan) -> dict[str, float]:
@@ -429,12 +435,14 @@ def cpu_terms(plan: Plan) -> dict[str, float]:
     tok = tokens_per_microbatch(plan)
     layers = m.n_layer // par.pipe
     kept = kept_elements(plan) * act_bytes(plan) * tok * layers * plan.schedule_microbatches
+    grid = par.tensor_mode in GRID_MODES
     return {
         "xla_score_s": 0.0 if ring else float(scores),
         "ring_score_s": float(scores) if ring else 0.0,
         "residual_tick_byte_s": residual,
         "stack_tick_byte_s": stack,
         "kept_byte_s": kept * plan.n_devices,
+        "grid_flop_s": flops(plan)[1] * plan.n_devices if grid else 0.0,
     }
 
 

@@ -180,34 +180,38 @@ CPU_DEFAULT: dict = {
 one)."""
 
 CPU_STEP = {
-    "collective_s": 0.000226,
-    "xla_score_s": 7.6e-09,
-    "ring_score_s": 5.47e-09,
-    "residual_tick_byte_s": 1.79e-11,
-    "stack_tick_byte_s": 2.11e-10,
-    "kept_byte_s": 4.82e-10,
+    "collective_s": 0,
+    "xla_score_s": 7.7e-09,
+    "ring_score_s": 5.24e-09,
+    "residual_tick_byte_s": 2.24e-11,
+    "stack_tick_byte_s": 2.89e-10,
+    "kept_byte_s": 4.72e-10,
+    "grid_flop_s": 1.62e-12,
 }
 """What a step on simulated CPU devices costs beyond its matmuls and its bytes on the links,
 per unit (:func:`colossal_jax.auto.cost.cpu_terms`): every collective (a rendezvous of every
 device's thread on the shared cores, which an isolated timing of one collective, the
-calibration's α of about 0, does not see); every attention score element of a step, by kernel
-(XLA's attention materialises ``[heads, s, s]`` blocks and streams them through the softmax and
-its gradient, memory-bound with head sizes of 8–32; the ring's blockwise kernel a little less);
-every byte of a stage's pipeline record buffers per tick (a tick costs in proportion to the
-buffers its loop carries: GPipe, whose ``M`` records a stage holds, measured 0.04 / 0.08 /
-0.19 s a step slower than 1F1B's ``p`` at M = 4 / 8 / 16 on llama-tiny, 2.0–3.0e-11 s a byte);
-and every byte of a stage's stacked parameters per tick (each tick adds a chunk's gradient
-into the stage's gradient sums and slices its chunk out of the stack: part of why a pipeline
-at ``M = 16`` runs up to 1.4× slower than at ``M = 8`` here although its bubble is smaller; it
-predicts about +12% of that).
-Fitted by non-negative least squares to the measured step times of two sweeps of the 4-layer,
-256-wide GPT, 48 plans, all at 8 microbatches (``docs/planner_sweep_gpt_fit2.json`` and
-``docs/planner_sweep_gpt_quiet6.json``, normalised times: ``scripts/sweep_meshes.py
---from-json docs/planner_sweep_gpt_fit3.json --fit``), the llama-tiny sweeps and the
-unfiltered GPT sweep (microbatches 2–16) held out (docs/planner.md). Until 2026-11-28 the
-fifth term was absent (the others 4.55e-4, 2.76e-8, 2.41e-8, 2.07e-11). Until 2026-11-27
-(second session) a tick cost a microbatch's ``h``-wide activation bytes, which priced GPipe
-like 1F1B. Until 2026-11-27 only a 6 ms floor on every collective's α stood for all of it."""
+calibration's α of about 0, does not see; fitted 0 since the grid's FLOPs are priced apart,
+below); every attention score element of a step, by kernel (XLA's attention materialises
+``[heads, s, s]`` blocks and streams them through the softmax and its gradient, memory-bound
+with head sizes of 8–32; the ring's blockwise kernel a little less); every byte of a stage's
+pipeline record buffers per tick (a tick costs in proportion to the buffers its loop carries:
+GPipe, whose ``M`` records a stage holds, measured 0.04 / 0.08 / 0.19 s a step slower than
+1F1B's ``p`` at M = 4 / 8 / 16 on llama-tiny); every byte of a stage's stacked parameters per
+tick (each tick adds a chunk's gradient into the stage's gradient sums and slices its chunk out
+of the stack); every byte the remat policy keeps over the step (written in the forward, read in
+the backward, on every device); and every FLOP of a 2D, 2.5D or 3D plan (its linears run on a
+grid's gathered blocks: on this host 22% more a FLOP than 1D's or a single device's, against
+the calibration's 134.3 GFLOP/s).
+Fitted by non-negative least squares (``colossal_jax.auto.fit_cpu.nnls``, three rounds, the
+bubble's share of the prices carried over) to the step times of every GPT plan the stored
+sweeps timed, 776 plans of the 4-layer, 256-wide GPT on 8 devices, put on one scale
+(``auto/sweep_scale.py``: each plan the geometric mean of its timings) and times 0.58, the
+scale of the calibration's own fit set (2026-12-07, docs/planner_log.md); ten-fold
+cross-validated, the planner's own list of 320 ranks at 0.81 and every timed plan at 0.91.
+llama-tiny is held out. Until 2026-12-07 five units, fitted on 48 ``none`` plans at 8
+microbatches (1.91e-4, 1.34e-8, 8.89e-9, 1.23e-11, 1.77e-10); until 2026-11-28 four; until
+2026-11-27 only a 6 ms floor on every collective's α stood for all of it."""
 
 CPU_ALPHA_S = CPU_STEP["collective_s"]
 """The least fixed cost of one collective inside a whole step on simulated CPU devices

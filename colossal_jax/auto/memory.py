@@ -75,6 +75,10 @@ MEMORY_COEF = {
     "grads": 1.0,
     "kept": 1.0,
     "working": 1.0,
+    "working_rsa": 1.0,
+    "pipe_working_rsa": 1.0,
+    "working_recomputed": 1.0,
+    "kept_1d_whole": 0.0,
     "pipe_kept": 1.0,
     "pipe_body": 2.48,
     "pipe_body_split": 1.38,
@@ -94,6 +98,51 @@ compiled memory of the 4-layer, 256-wide GPT's pipelined plans on 8 CPU devices 
 plans, 2026-11-27); the other four on all 280 pipelined plans of its 320 (2026-11-29; that fit
 alone sets the ring's to 0, which leaves llama-tiny's pipelined ring plans up to 12.9% under).
 llama-tiny is held out (docs/planner_log.md, "Memory")."""
+
+
+REMAT_COEF: dict[str, dict[str, float]] = {
+    "dots": {
+        "kept": 0.97,
+        "kept_1d_whole": 0.68,
+        "pipe_kept": 0.90,
+        "pipe_body": 1.91,
+        "pipe_body_split": 1.37,
+        "pipe_ring": 0.02,
+        "pipe_chunk_grad": 0.67,
+        "pipe_grad_slots": 1.51,
+        "working": 1.06,
+        "working_rsa": 1.14,
+        "pipe_working_rsa": 1.57,
+        "working_recomputed": 1.11,
+    },
+    "selective": {
+        "kept": 0.96,
+        "kept_1d_whole": 1.09,
+        "pipe_kept": 0.88,
+        "pipe_body": 1.79,
+        "pipe_body_split": 1.05,
+        "pipe_ring": 1.35,
+        "pipe_chunk_grad": 0.83,
+        "pipe_grad_slots": 0.78,
+        "working": 0.99,
+        "working_rsa": 0.09,
+        "pipe_working_rsa": 0.94,
+        "working_recomputed": 0.80,
+    },
+}
+"""The weights of :func:`memory_terms`' terms under the policies that keep matmul outputs,
+where they differ from :data:`MEMORY_COEF`'s (``none``'s, fitted on ``none`` plans): a
+compiled peak is the largest of the program's live sets, not the sum of the terms, and which
+buffers meet at it differs by policy. Least squares on the relative error against the compiled
+memory of the 4-layer, 256-wide GPT's ZeRO-0 plans on 8 CPU devices, every stored sweep's
+(2026-11-29 on; 248 ``selective`` plans, 153 ``dots``), one set per policy (2026-12-07): the
+misses over 10% fall from 56 to 1 (``selective``) and from 7 to 0 (``dots``); five-fold
+cross-validated, 2 and 3. llama-tiny is held out (docs/planner_log.md). Read: under
+``selective`` the flat ring self-attention's rows (``working_rsa``, 0.09) are not at its
+peak — the policy recomputes them in the backward, and the peak falls where they are not —
+and a recomputed layer (``working_recomputed``) counts 0.8; 1D's whole ``[tokens, h]``
+outputs (``kept_1d_whole``) count about once more under ``selective``, two-thirds more under
+``dots``."""
 
 
 def _split_elements(
@@ -161,7 +210,41 @@ def kept_elements(plan: Plan, remat: str | None = None, *, gathered: bool = True
     k = layer_memory.kept(plan.model, remat)
     share = _whole_share(plan, remat)
     extra = _gathered_inputs(plan) if remat == "none" and gathered else 0.0
-    return _split_elements(plan, k.other, k.scores, h_share=share) + extra
+    return _split_elements(plan, k.other * _partial_products(plan, remat), k.scores, h_share=share) + extra
+
+
+DOT_KEEPING = ("dots", "selective")
+"""The remat policies that keep matmul outputs (:data:`PER_TOKEN`)."""
+
+
+def _partial_products(plan: Plan, remat: str) -> float:
+    """How many times larger than its ``1/t`` block a kept matmul output is on one device: 3D's
+    linears keep their partial product ``M·K/q²`` (the reduce-scatter over the third axis comes
+    after the matmul, :mod:`colossal_jax.tensor.three_d`), ``q`` times the output block, under
+    the policies that keep matmul outputs (the 2×2×2 GPT's ``selective`` compiles 30% over the
+    prediction with ``1/t``); 1 elsewhere."""
+    par = plan.config.parallel
+    if remat in DOT_KEEPING and par.tensor_mode == "3d":
+        return float(par.tensor_row)
+    return 1.0
+
+
+def whole_1d_bytes(plan: Plan) -> float:
+    """The bytes of the kept activations that 1D tensor parallelism leaves whole, beyond the
+    ``1/t`` share a split would leave, for every layer of a stage and microbatch in flight
+    (with a fused backward; 0 elsewhere and without 1D): under a policy that keeps matmul
+    outputs, its row-parallel linears keep their ``[tokens, h]`` outputs before the all-reduce,
+    whose share of the kept values :data:`PER_TOKEN`'s proportion underestimates (weighted in
+    :data:`REMAT_COEF`; under ``none`` the traced share is exact, weight 0)."""
+    par = plan.config.parallel
+    if par.tensor_mode != "1d" or par.tensor_size == 1 or plan.remat == "offload":
+        return 0.0
+    if par.pipelined and pipeline_schedule(plan.pipeline).split_backward:
+        return 0.0
+    k = layer_memory.kept(plan.model, plan.remat)
+    whole = k.other * _whole_share(plan, plan.remat) * (1 - 1 / par.tensor_size)
+    layers = plan.model.n_layer // par.pipe
+    return whole * act_bytes(plan) * tokens_per_microbatch(plan) * layers * _in_flight(plan)
 
 
 _PER_TOKEN: dict[tuple, tuple[object, float]] | None = None
@@ -253,39 +336,67 @@ def _record_elements_of(plan: Plan, remat: str | None = None) -> float:
 
 
 def working_bytes(plan: Plan, *, floor: bool = False) -> float:
-    """One layer's backward transients on one device, in bytes: the family's measured working
-    set under ``remat=none`` (:func:`colossal_jax.auto.layer_memory.working`: per token, its
-    scores split like the kept ones, and one layer's weight gradient split by the tensor mode;
-    under ring attention the ring kernel's own score blocks,
-    :func:`colossal_jax.auto.layer_memory.ring_blocks`; under ring self-attention the rows its
-    kernel holds beyond XLA's attention, :func:`colossal_jax.auto.layer_memory.rsa_rows`),
-    the grid's gathered linear inputs, and under a policy that recomputes, in a pipeline of
-    multi-layer chunks, the intermediates it recomputes (what ``none`` keeps beyond what the
-    policy does; :func:`recomputed_layer_counts`). ``floor``: the ring kernel's
-    blocks (and ring self-attention's extra rows) taken as none, which compiles no ring and can
-    only be less (:func:`memory_bytes`)."""
+    """One layer's backward transients on one device, in bytes: the sum of
+    :func:`working_parts`."""
+    return sum(working_parts(plan, floor=floor).values())
+
+
+def working_parts(plan: Plan, *, floor: bool = False) -> dict[str, float]:
+    """One layer's backward transients on one device, in bytes, in three parts (each a term of
+    :func:`memory_terms`): ``working``, the family's measured working set under ``remat=none``
+    (:func:`colossal_jax.auto.layer_memory.working`: per token, its scores split like the kept
+    ones, and one layer's weight gradient split by the tensor mode; under ring attention the
+    ring kernel's own score blocks, :func:`colossal_jax.auto.layer_memory.ring_blocks`) and the
+    grid's gathered linear inputs; ``working_rsa``, under ring self-attention the rows its
+    kernel holds beyond XLA's attention (:func:`colossal_jax.auto.layer_memory.rsa_rows`);
+    ``working_recomputed``, under a policy that recomputes, in a pipeline of multi-layer
+    chunks, the intermediates it recomputes (what ``none`` keeps beyond what the policy does;
+    :func:`recomputed_layer_counts`). ``floor``: the ring kernel's blocks (and ring
+    self-attention's extra rows) taken as none, which compiles no ring and can only be less
+    (:func:`memory_bytes`)."""
     w = layer_memory.working(plan.model, plan.config.seq_len)
-    scores = w.scores
+    scores, extra = w.scores, 0.0
     if ring_attention(plan):  # the ring's own kernel, not XLA's attention, holds the blocks
         blocks = 0.0 if floor else layer_memory.ring_blocks(plan.model, plan.config.parallel.seq)
         scores = scores if blocks is None else blocks
     elif ring_self_attention(plan) and not floor:  # its score blocks apart, then concatenated
-        extra = layer_memory.rsa_rows(plan.model, plan.config.seq_len, plan.config.parallel.seq)
-        scores += extra or 0.0
+        rows = layer_memory.rsa_rows(plan.model, plan.config.seq_len, plan.config.parallel.seq)
+        extra = rows or 0.0
 
-    def elements() -> float:
+    def elements() -> tuple[float, float, float]:
         share = _whole_share(plan, "none")
-        per_token = _split_elements(plan, w.other, scores, h_share=share, kept=False)
-        per_token += _gathered_inputs(plan)
+        base = _split_elements(plan, w.other, scores, h_share=share, kept=False)
+        base += _gathered_inputs(plan)
+        rsa = _split_elements(plan, 0.0, extra, h_share=share, kept=False)
+        recomputed = 0.0
         if plan.remat != "none" and recomputed_layer_counts(plan):
-            per_token += kept_elements(plan, "none") - kept_elements(plan)
-        return per_token
+            recomputed = kept_elements(plan, "none") - kept_elements(plan)
+        return base, rsa, recomputed
 
-    per_token = _per_token(plan, f"working/floor={floor}", elements)
-    ab = act_bytes(plan)
-    return ab * (
-        per_token * tokens_per_microbatch(plan) + w.fixed / param_split(plan.config.parallel)
-    )
+    base, rsa, recomputed = _per_token_parts(plan, f"working/floor={floor}", elements)
+    ab, tok = act_bytes(plan), tokens_per_microbatch(plan)
+    fixed = w.fixed / param_split(plan.config.parallel)
+    return {
+        "working": ab * (base * tok + fixed),
+        "working_rsa": ab * rsa * tok,
+        "working_recomputed": ab * recomputed * tok,
+    }
+
+
+def _per_token_parts(
+    plan: Plan, what: str, compute: Callable[[], tuple[float, float, float]]
+) -> tuple[float, float, float]:
+    """:func:`_per_token` for a tuple of figures."""
+    memo = _PER_TOKEN
+    if memo is None:
+        return compute()
+    key = _shape_key(plan, what)
+    hit = memo.get(key)
+    if hit is not None and hit[0] is plan.model:
+        return hit[1]  # type: ignore[return-value]
+    value = compute()
+    memo[key] = (plan.model, value)
+    return value
 
 
 def recomputed_layer_counts(plan: Plan) -> bool:
@@ -407,7 +518,7 @@ def memory_terms(plan: Plan, *, floor: bool = False) -> dict[str, float]:
     if par.pipelined and (ring_attention(plan) or blockwise_attention(plan)):
         # one score block per layer of the chunk (the ring's, or the blockwise kernel's)
         ring_chunk = ab * tok * scores_per_token(plan, kept=False) * layers / plan.virtual_stages
-    working = working_bytes(plan, floor=floor)
+    working = working_parts(plan, floor=floor)
     chunk_grad = grad_slots = 0.0
     if par.pipelined:  # a tick's chunk gradient (fp32), and the output gradients waiting
         chunk_grad = 4 * stage_stack_params(plan) / plan.virtual_stages
@@ -427,7 +538,11 @@ def memory_terms(plan: Plan, *, floor: bool = False) -> dict[str, float]:
         "pipe_ring": ring_chunk,
         "pipe_chunk_grad": chunk_grad,
         "pipe_grad_slots": grad_slots,
-        "working": working,
+        "working": working["working"],
+        "working_rsa": 0.0 if par.pipelined else working["working_rsa"],
+        "pipe_working_rsa": working["working_rsa"] if par.pipelined else 0.0,
+        "working_recomputed": working["working_recomputed"],
+        "kept_1d_whole": whole_1d_bytes(plan),
         "logits": logits,
     }
 
@@ -447,7 +562,7 @@ def memory_bytes(plan: Plan, *, floor: bool = False) -> float:
     slots taken as none; every term and weight is non-negative and grows with them): the
     planner prices a plan only when its floor fits, and finds the least memory of a request
     nothing fits by pricing plans in order of their floors."""
-    return weighted(memory_terms(plan, floor=floor))
+    return weighted(memory_terms(plan, floor=floor), plan.remat)
 
 
 def floor_is_exact(plan: Plan) -> bool:
@@ -458,9 +573,15 @@ def floor_is_exact(plan: Plan) -> bool:
     return not (ring_attention(plan) or ring_self_attention(plan) or pipelined)
 
 
-def weighted(terms: dict[str, float]) -> float:
-    """The peak of :func:`memory_terms`' ``terms``: their sum weighted by :data:`MEMORY_COEF`."""
-    return sum(MEMORY_COEF[k] * v for k, v in terms.items())
+def weight(term: str, remat: str) -> float:
+    """The weight of a :func:`memory_terms` term in the predicted peak under a remat policy:
+    :data:`REMAT_COEF`'s where it has one, else :data:`MEMORY_COEF`'s."""
+    return REMAT_COEF.get(remat, {}).get(term, MEMORY_COEF[term])
+
+
+def weighted(terms: dict[str, float], remat: str = "none") -> float:
+    """The peak of :func:`memory_terms`' ``terms``: their sum weighted by :func:`weight`."""
+    return sum(weight(k, remat) * v for k, v in terms.items())
 
 
 def _in_flight(plan: Plan) -> float:

@@ -137,7 +137,7 @@ def best_knobs(
     for k in space.knobs(par, base.config.batch_size, base.batch_shards * base.microbatches):
         variant = _variant(base, k)
         terms = memory.memory_terms(variant, floor=True)
-        floor = memory.weighted(terms)
+        floor = memory.weighted(terms, variant.remat)
         variants.append((floor, k, variant))
         if floor > budget:
             continue

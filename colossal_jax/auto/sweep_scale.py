@@ -10,7 +10,8 @@ partly by the day it was timed.
 Method: every timed plan seen in several sweeps ties their scales. With ``t[f, n]`` plan
 ``n``'s time in sweep ``f``, fit ``log t[f, n] = s[f] + u[n]`` by least squares (alternating
 means until the scales move less than 1e-9, at most 5,000 rounds), the sweep timing the most
-plans held at ``s = 0``; each sweep's times are then divided by ``exp(s[f])``. A sweep that
+plans held at ``s = 0``; each sweep's times are then divided by ``exp(s[f])``, and a plan
+timed in several sweeps takes the geometric mean of its scaled timings (:func:`on_one_scale`). A sweep that
 no chain of shared plans ties to that one cannot be scaled and is named in a
 :class:`ValueError`. The residuals' spread is the repeat noise of one timing (0.053 in log over
 the stored GPT sweeps, 1,791 timings of 799 plans).
@@ -92,18 +93,35 @@ def _check_connected(
 def on_one_scale(
     docs: list[dict[str, Any]], labels: list[str] | None = None
 ) -> list[dict[str, Any]]:
-    """Copies of ``docs`` whose timed rows hold their time divided by their sweep's
-    :func:`scales` as one round against a reference of 1 s (so that
-    :func:`colossal_jax.auto.sweep.rows_from_json` reads it back as the normalised time)."""
+    """Copies of ``docs`` whose timed rows hold their plan's time on one scale, as one round
+    against a reference of 1 s (so that :func:`colossal_jax.auto.sweep.rows_from_json` reads it
+    back as the normalised time): each timing divided by its sweep's :func:`scales`, and a plan
+    timed in several sweeps given the geometric mean of its timings there (the fit's plan time
+    ``u``: repeated timings of one plan on one scale are repeat measurements, and their mean
+    is the estimate with the least noise; without ``--one-scale`` the last file's wins)."""
+    ks = scales(docs, labels)
+    logs: dict[str, list[float]] = {}
+    for doc, k in zip(docs, ks, strict=True):
+        for row in doc["rows"]:
+            t = row_time(row)
+            if t is not None and t > 0:
+                logs.setdefault(row["name"], []).append(math.log(t / k))
     out = []
-    for doc, k in zip(docs, scales(docs, labels), strict=True):
+    for doc, k in zip(docs, ks, strict=True):
         doc = copy.deepcopy(doc)
         for row in doc["rows"]:
             t = row_time(row)
-            if t is None:
+            if t is None or t <= 0:
                 continue
-            t /= k
-            row.update(measured_step_s=t, reference_s=1.0, normalized_s=t, rounds=[[t, 1.0]])
+            mine = logs[row["name"]]
+            t = math.exp(sum(mine) / len(mine))
+            row.update(
+                measured_step_s=t,
+                reference_s=1.0,
+                normalized_s=t,
+                rounds=[[t, 1.0]],
+                timings=len(mine),
+            )
         doc["scale"] = k
         out.append(doc)
     return out
