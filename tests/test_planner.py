@@ -97,7 +97,7 @@ def test_pipeline_bubble_per_schedule():
 def test_the_bubble_idles_a_whole_ticks_work_and_on_shared_cores_not_per_stage():
     """A bubble tick idles the chunk's matmuls and the tensor and sequence traffic inside its
     layers (not the data axis's reduction, once a step); on the host's shared cores it is
-    ``1/(M·V)`` of that work whatever ``p``."""
+    ``1/(M·V)`` of that work whatever ``p``, times the remat policy's share of the record."""
     base = dataclasses.replace(_cfg(), model_overrides={"n_layer": 4})
     par = ParallelConfig(pipe=4, tensor_row=2, tensor_mode="1d", pipeline="1f1b", microbatches=8)
     plan = resolve(dataclasses.replace(base, parallel=par), 8)
@@ -111,7 +111,11 @@ def test_the_bubble_idles_a_whole_ticks_work_and_on_shared_cores_not_per_stage()
     cpu = cost.predict(plan, hardware.hardware("cpu", None), no_memory)
     units = cost.cpu_terms(plan)
     scores = sum(hardware.CPU_STEP[k] * units[k] for k in cost.TICK_CPU_TERMS)
-    assert cpu.bubble_s == pytest.approx((cpu.compute_s + cpu.axis_s["tensor_row"] + scores) / 8)
+    # and a bubble tick there costs the remat policy's share of the record (1 under none)
+    work = (cpu.compute_s + cpu.axis_s["tensor_row"] + scores) / 8
+    assert cpu.bubble_s == pytest.approx(work * memory.record_share(plan))
+    assert memory.record_share(dataclasses.replace(plan, config=dataclasses.replace(
+        plan.config, remat="none"))) == 1.0  # fmt: skip
 
 
 @pytest.mark.quiet

@@ -204,13 +204,14 @@ def test_the_timed_choice_is_the_fastest_measured_of_the_first_three_predicted(s
     assert summary["regret_timed"] == pytest.approx(1.5 / 1.2 - 1)
     # the first's layout under another remat policy, predicted last, is timed by plan.py too
     first = rows[0].ranked
+    alt = "selective" if first.knobs.remat == "dots" else "dots"  # a policy it does not run
     other = dataclasses.replace(
         rows[0],
         name="p0-dots",
         chosen=False,
         ranked=dataclasses.replace(
             first,
-            knobs=dataclasses.replace(first.knobs, remat="dots"),
+            knobs=dataclasses.replace(first.knobs, remat=alt),
             prediction=dataclasses.replace(first.prediction, step_s=6.0),
         ),
         normalized_s=1.1,

@@ -272,8 +272,12 @@ def test_fit_recovers_the_figures_a_sweep_was_made_with():
         "ring_score_s": 1e-8,
         "residual_tick_byte_s": 2e-11,
         "stack_tick_byte_s": 1.5e-10,
+        "kept_byte_s": 4e-10,
+        "grid_flop_s": 2e-12,
     }
     layouts = [
+        {"data": 2, "tensor_row": 2, "tensor_col": 2, "tensor_mode": "2d"},
+        {"data": 4, "tensor_depth": 2, "tensor_mode": "2.5d"},
         {"data": 8},
         {"data": 2, "seq": 4, "seq_mode": "ring"},
         {"data": 2, "seq": 4, "seq_mode": "ulysses"},
