@@ -102,8 +102,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--one-scale",
         action="store_true",
         help="with --from-json: put the files' step times on one scale first (each file's "
-        "scale fitted on the plans they share, auto/sweep_scale.py), since a sweep's "
-        "normalised times carry its day's host speed and reference",
+        "scale fitted on the plans they share, auto/sweep_scale.py; a plan timed in several "
+        "files their geometric mean), since a sweep's normalised times carry its day's host "
+        "speed and reference",
     )
     p.add_argument(
         "--fit",

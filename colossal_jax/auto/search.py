@@ -301,7 +301,8 @@ def why_lost(winner: Ranked, loser: Ranked) -> str:
         "compute (recompute, redundant work)": (b.compute_s - a.compute_s),
         "pipeline bubble": b.bubble_s - a.bubble_s,
         "host offload copies": b.offload_s - a.offload_s,
-        "attention scores and pipeline ticks on the shared CPU": b.cpu_s - a.cpu_s,
+        "the shared CPU's own costs (attention scores, pipeline ticks, kept activations, grid "
+        "matmuls)": b.cpu_s - a.cpu_s,
     }
     for axis in set(a.axis_s) | set(b.axis_s):
         parts[f"{axis} traffic"] = b.axis_s.get(axis, 0.0) - a.axis_s.get(axis, 0.0)
