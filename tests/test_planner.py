@@ -111,11 +111,15 @@ def test_the_bubble_idles_a_whole_ticks_work_and_on_shared_cores_not_per_stage()
     cpu = cost.predict(plan, hardware.hardware("cpu", None), no_memory)
     units = cost.cpu_terms(plan)
     scores = sum(hardware.CPU_STEP[k] * units[k] for k in cost.TICK_CPU_TERMS)
-    # and a bubble tick there costs the remat policy's share of the record (1 under none)
+    # and a bubble tick there costs the remat policy's share of none's record
     work = (cpu.compute_s + cpu.axis_s["tensor_row"] + scores) / 8
     assert cpu.bubble_s == pytest.approx(work * memory.record_share(plan))
-    assert memory.record_share(dataclasses.replace(plan, config=dataclasses.replace(
-        plan.config, remat="none"))) == 1.0  # fmt: skip
+    plain = resolve(dataclasses.replace(base, parallel=par, remat="none"), 8)
+    assert memory.record_share(plain) == 1.0
+    for remat in ("dots", "selective", "full"):
+        kept = resolve(dataclasses.replace(base, parallel=par, remat=remat), 8)
+        share = memory._record_elements(kept) / memory._record_elements(plain)
+        assert memory.record_share(kept) == pytest.approx(share) and 0 < share < 1
 
 
 @pytest.mark.quiet

@@ -377,8 +377,9 @@ def predict(plan: Plan, hw: Hardware, terms: dict[str, float] | None = None) -> 
     if hw.shared:  # a bubble tick on shared cores costs the record traffic every device runs
         bub *= record_share(plan)
     terms = terms if terms is not None else memory_terms(plan)
-    state = weight("state", plan.remat) * terms["state"] + weight("grads", plan.remat) * terms["grads"]
-    act = sum(weight(k, plan.remat) * v for k, v in terms.items() if k not in ("state", "grads"))
+    r = plan.remat
+    state = weight("state", r) * terms["state"] + weight("grads", r) * terms["grads"]
+    act = sum(weight(k, r) * v for k, v in terms.items() if k not in ("state", "grads"))
     return Prediction(
         step_s=compute + bub + exposed + offload + cpu,
         compute_s=compute,
@@ -419,8 +420,10 @@ def cpu_terms(plan: Plan) -> dict[str, float]:
     to the chunk's parameters too (``add_chunk_grad`` and ``chunk_params`` in
     :mod:`colossal_jax.pipeline.executor`; fitted on microbatch count 8 alone, it ranks the
     unfiltered sweep's ``M = 2 / 4 / 16`` variants, docs/planner.md; until 2026-11-29 the whole
-    stage's parameters whatever ``V``). (Each
-    collective's cost is its link's α, at least ``collective_s``.)"""
+    stage's parameters whatever ``V``); ``kept_byte_s``, the bytes the remat policy keeps over
+    the step (written in the forward, read in the backward), over every device; and
+    ``grid_flop_s``, every FLOP of a 2D, 2.5D or 3D plan, over every device (:data:`GRID_MODES`).
+    (Each collective's cost is its link's α, at least ``collective_s``.)"""
     cfg, par, m = plan.config, plan.config.parallel, plan.model
     scores = cfg.batch_size * m.n_head * cfg.seq_len**2 * m.n_layer
     if plan.remat != "none":

@@ -208,7 +208,8 @@ bubble's share of the prices carried over) to the step times of every GPT plan t
 sweeps timed, 776 plans of the 4-layer, 256-wide GPT on 8 devices, put on one scale
 (``auto/sweep_scale.py``: each plan the geometric mean of its timings) and times 0.58, the
 scale of the calibration's own fit set (2026-12-07, docs/planner_log.md); ten-fold
-cross-validated, the planner's own list of 320 ranks at 0.81 and every timed plan at 0.91.
+cross-validated, the planner's own list of 320 ranks at 0.799–0.801 and every timed plan at
+0.90.
 llama-tiny is held out. Until 2026-12-07 five units, fitted on 48 ``none`` plans at 8
 microbatches (1.91e-4, 1.34e-8, 8.89e-9, 1.23e-11, 1.77e-10); until 2026-11-28 four; until
 2026-11-27 only a 6 ms floor on every collective's α stood for all of it."""

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable, Iterator
+from typing import Any, TypeVar
 
 from colossal_jax.auto import layer_memory
 from colossal_jax.auto.per_device import (
@@ -87,9 +88,11 @@ MEMORY_COEF = {
     "pipe_grad_slots": 0.59,
     "logits": 1.0,
 }
-"""The weight of each memory term (:func:`memory_terms`) in the predicted peak. All are 1 but a
-pipeline's: a tick's body, which holds a few of its chunk's residual sets at once (made, copied
-out of the record buffers, their gradients): 2.48 chunks with a fused backward, 1.38 with a
+"""The weight of each memory term (:func:`memory_terms`) in the predicted peak (under ``none``,
+``full`` and ``offload``; :data:`REMAT_COEF` has the policies that keep matmul outputs). All are
+1 but ``kept_1d_whole`` (0: under ``none`` the traced share is exact) and a pipeline's: a
+tick's body, which holds a few of its chunk's residual sets at once (made, copied out of the
+record buffers, their gradients): 2.48 chunks with a fused backward, 1.38 with a
 split one (its B and W each run half the backward); under ring attention 0.75 of the ring's
 score blocks for each layer of the chunk (beside the ring kernel's own working set); a tick's
 chunk gradient and the schedule's gradient slots, 0.59 each (fitted below 1: the compiled peak
@@ -142,7 +145,8 @@ cross-validated, 2 and 3. llama-tiny is held out (docs/planner_log.md). Read: un
 peak — the policy recomputes them in the backward, and the peak falls where they are not —
 and a recomputed layer (``working_recomputed``) counts 0.8; 1D's whole ``[tokens, h]``
 outputs (``kept_1d_whole``) count about once more under ``selective``, two-thirds more under
-``dots``."""
+``dots``. Like :data:`MEMORY_COEF`'s, fitted on CPU compiles and applied on every platform
+(the GPU's own peak differs in what the CPU holds in fp32; ``plan.py --verify`` compiles)."""
 
 
 def _split_elements(
@@ -210,7 +214,8 @@ def kept_elements(plan: Plan, remat: str | None = None, *, gathered: bool = True
     k = layer_memory.kept(plan.model, remat)
     share = _whole_share(plan, remat)
     extra = _gathered_inputs(plan) if remat == "none" and gathered else 0.0
-    return _split_elements(plan, k.other * _partial_products(plan, remat), k.scores, h_share=share) + extra
+    other = k.other * _partial_products(plan, remat)
+    return _split_elements(plan, other, k.scores, h_share=share) + extra
 
 
 DOT_KEEPING = ("dots", "selective")
@@ -247,7 +252,9 @@ def whole_1d_bytes(plan: Plan) -> float:
     return whole * act_bytes(plan) * tokens_per_microbatch(plan) * layers * _in_flight(plan)
 
 
-_PER_TOKEN: dict[tuple, tuple[object, float]] | None = None
+_T = TypeVar("_T")
+
+_PER_TOKEN: dict[tuple, tuple[object, Any]] | None = None
 """Per-token figures already computed inside :func:`per_token_kept` (:func:`_per_token`)."""
 
 
@@ -286,7 +293,7 @@ def _shape_key(plan: Plan, what: str) -> tuple:
     )
 
 
-def _per_token(plan: Plan, what: str, compute: Callable[[], float]) -> float:
+def _per_token(plan: Plan, what: str, compute: Callable[[], _T]) -> _T:
     """``compute()``, kept by :func:`_shape_key` inside :func:`per_token_kept` (these figures
     change with the layout and remat policy alone). The model is kept beside the figure so
     that its ``id`` is not reused."""
@@ -370,10 +377,10 @@ def working_parts(plan: Plan, *, floor: bool = False) -> dict[str, float]:
         rsa = _split_elements(plan, 0.0, extra, h_share=share, kept=False)
         recomputed = 0.0
         if plan.remat != "none" and recomputed_layer_counts(plan):
-            recomputed = kept_elements(plan, "none") - kept_elements(plan)
+            recomputed = max(0.0, kept_elements(plan, "none") - kept_elements(plan))
         return base, rsa, recomputed
 
-    base, rsa, recomputed = _per_token_parts(plan, f"working/floor={floor}", elements)
+    base, rsa, recomputed = _per_token(plan, f"working/floor={floor}", elements)
     ab, tok = act_bytes(plan), tokens_per_microbatch(plan)
     fixed = w.fixed / param_split(plan.config.parallel)
     return {
@@ -381,22 +388,6 @@ def working_parts(plan: Plan, *, floor: bool = False) -> dict[str, float]:
         "working_rsa": ab * rsa * tok,
         "working_recomputed": ab * recomputed * tok,
     }
-
-
-def _per_token_parts(
-    plan: Plan, what: str, compute: Callable[[], tuple[float, float, float]]
-) -> tuple[float, float, float]:
-    """:func:`_per_token` for a tuple of figures."""
-    memo = _PER_TOKEN
-    if memo is None:
-        return compute()
-    key = _shape_key(plan, what)
-    hit = memo.get(key)
-    if hit is not None and hit[0] is plan.model:
-        return hit[1]  # type: ignore[return-value]
-    value = compute()
-    memo[key] = (plan.model, value)
-    return value
 
 
 def recomputed_layer_counts(plan: Plan) -> bool:
@@ -454,9 +445,10 @@ def scores_per_token(plan: Plan, *, kept: bool = True) -> float:
 
 
 def memory_terms(plan: Plan, *, floor: bool = False) -> dict[str, float]:
-    """The terms of the predicted peak per device, in bytes (weights :data:`MEMORY_COEF`;
-    ``floor``: as :func:`working_bytes`, and without a pipeline's gradient slots, which
-    need its schedule built):
+    """The terms of the predicted peak per device, in bytes (weights :func:`weight`: the remat
+    policy's :data:`REMAT_COEF` where it has them, else :data:`MEMORY_COEF`; ``floor``: as
+    :func:`working_parts`, and without a pipeline's gradient slots, which need its schedule
+    built):
 
     - ``state``: parameters and optimizer slots as stored (split by tensor, pipeline and ZeRO;
       the step donates them, so its outputs alias them); offloaded state counts on the
@@ -478,7 +470,11 @@ def memory_terms(plan: Plan, *, floor: bool = False) -> dict[str, float]:
       before it is added into the stage's gradient sum; ``pipe_grad_slots`` the gradient slots
       of the schedule (an activation's size each: ``M`` under GPipe, 1 under 1F1B and ZB-H1),
       where output gradients wait for their chunk's backward;
-    - ``working``: one layer's backward transients (:func:`working_bytes`);
+    - ``working``, ``working_rsa`` (``pipe_working_rsa`` in a pipeline) and
+      ``working_recomputed``: one layer's backward transients, ring self-attention's extra
+      rows and a recomputed layer (:func:`working_parts`);
+    - ``kept_1d_whole``: the kept values 1D leaves whole beyond a ``1/t`` share
+      (:func:`whole_1d_bytes`);
     - ``logits``: the logits, their softmax and gradient in fp32, split over the tensor group.
     """
     par = plan.config.parallel
@@ -579,7 +575,7 @@ def weight(term: str, remat: str) -> float:
     return REMAT_COEF.get(remat, {}).get(term, MEMORY_COEF[term])
 
 
-def weighted(terms: dict[str, float], remat: str = "none") -> float:
+def weighted(terms: dict[str, float], remat: str) -> float:
     """The peak of :func:`memory_terms`' ``terms``: their sum weighted by :func:`weight`."""
     return sum(weight(k, remat) * v for k, v in terms.items())
 

@@ -10,8 +10,9 @@ partly by the day it was timed.
 Method: every timed plan seen in several sweeps ties their scales. With ``t[f, n]`` plan
 ``n``'s time in sweep ``f``, fit ``log t[f, n] = s[f] + u[n]`` by least squares (alternating
 means until the scales move less than 1e-9, at most 5,000 rounds), the sweep timing the most
-plans held at ``s = 0``; each sweep's times are then divided by ``exp(s[f])``, and a plan
-timed in several sweeps takes the geometric mean of its scaled timings (:func:`on_one_scale`). A sweep that
+plans held at ``s = 0``; each sweep's times are then divided by ``exp(s[f])``, and a
+plan timed in several sweeps takes the geometric mean of its scaled timings
+(:func:`on_one_scale`). A sweep that
 no chain of shared plans ties to that one cannot be scaled and is named in a
 :class:`ValueError`. The residuals' spread is the repeat noise of one timing (0.053 in log over
 the stored GPT sweeps, 1,791 timings of 799 plans).
