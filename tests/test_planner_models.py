@@ -13,7 +13,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from colossal_jax.auto import cost, fit_cpu, hardware, layer_memory, memory
+from colossal_jax.auto import cost, fit_cpu, hardware, layer_memory, memory, memory_weights
 from colossal_jax.auto.per_device import pipeline_shape, stack_params
 from colossal_jax.checks.resolve import resolve
 from colossal_jax.config import ParallelConfig, TrainConfig
@@ -462,8 +462,8 @@ def test_1d_whole_outputs_count_apart_only_with_a_fused_backward():
     assert memory.whole_1d_bytes(fused) > 0 and memory.whole_1d_bytes(split) == 0.0
     assert memory.whole_1d_bytes(_plan(remat="selective", data=8)) == 0.0
     # none's traced share is exact: the term carries no weight there
-    assert memory.weight("kept_1d_whole", "none") == 0.0
-    assert memory.weight("kept_1d_whole", "selective") > 0
+    assert memory_weights.weight("kept_1d_whole", "none") == 0.0
+    assert memory_weights.weight("kept_1d_whole", "selective") > 0
 
 
 def test_remat_policies_weigh_the_memory_terms_by_their_own_weights():
@@ -471,14 +471,14 @@ def test_remat_policies_weigh_the_memory_terms_by_their_own_weights():
         plan = _plan(remat=remat, data=2, pipe=2, seq=2, seq_mode="ring", pipeline="1f1b",
                      microbatches=4, layers=4)  # fmt: skip
         terms = memory.memory_terms(plan)
-        want = sum(memory.weight(k, remat) * v for k, v in terms.items())
+        want = sum(memory_weights.weight(k, remat) * v for k, v in terms.items())
         assert memory.memory_bytes(plan) == pytest.approx(want)
         assert cost.predict(plan, hardware.hardware("cpu")).memory_bytes == pytest.approx(want)
         # the floor stays a lower bound under every policy's weights
         assert memory.memory_bytes(plan, floor=True) <= memory.memory_bytes(plan)
-        if remat in memory.REMAT_COEF:  # its own weights give another peak than none's
-            assert abs(want / memory.weighted(terms, "none") - 1) > 0.01
-    assert memory.weight("working", "full") == memory.MEMORY_COEF["working"]
+        if remat in memory_weights.REMAT_COEF:  # its own weights give another peak than none's
+            assert abs(want / memory_weights.weighted(terms, "none") - 1) > 0.01
+    assert memory_weights.weight("working", "full") == memory_weights.MEMORY_COEF["working"]
 
 
 def test_zero_gradient_terms_follow_the_compiled_step():

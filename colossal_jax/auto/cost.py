@@ -49,8 +49,8 @@ from colossal_jax.auto.memory import (
     kept_elements,
     memory_terms,
     record_share,
-    weight,
 )
+from colossal_jax.auto.memory_weights import weight
 from colossal_jax.auto.per_device import (
     act_bytes,
     act_split,

@@ -20,11 +20,8 @@ offloaded state stays in host memory.
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Callable, Iterator
-from typing import Any, TypeVar
-
 from colossal_jax.auto import layer_memory
+from colossal_jax.auto.memory_weights import weighted
 from colossal_jax.auto.per_device import (
     act_bytes,
     act_split,
@@ -40,6 +37,7 @@ from colossal_jax.auto.per_device import (
     stored_params_per_device,
     tokens_per_microbatch,
 )
+from colossal_jax.auto.per_token_memo import per_token
 from colossal_jax.config.optimizers import optimizer
 from colossal_jax.config.pipelines import pipeline_schedule
 from colossal_jax.config.plan import Plan
@@ -69,84 +67,6 @@ attention scores a·s)``, read off XLA's memory analysis of the 4-layer, 256-wid
 (:func:`colossal_jax.auto.layer_memory.kept`). ``none`` keeps every intermediate, ``dots`` the
 matmul outputs, ``selective`` those without a batch dimension (not the scores), ``full`` the
 layer input, ``offload`` nothing on the device."""
-
-
-MEMORY_COEF = {
-    "state": 1.0,
-    "grads": 1.0,
-    "kept": 1.0,
-    "working": 1.0,
-    "working_rsa": 1.0,
-    "pipe_working_rsa": 1.0,
-    "working_recomputed": 1.0,
-    "kept_1d_whole": 0.0,
-    "pipe_kept": 1.0,
-    "pipe_body": 2.48,
-    "pipe_body_split": 1.38,
-    "pipe_ring": 0.75,
-    "pipe_chunk_grad": 0.59,
-    "pipe_grad_slots": 0.59,
-    "logits": 1.0,
-}
-"""The weight of each memory term (:func:`memory_terms`) in the predicted peak (under ``none``,
-``full`` and ``offload``; :data:`REMAT_COEF` has the policies that keep matmul outputs). All are
-1 but ``kept_1d_whole`` (0: under ``none`` the traced share is exact) and a pipeline's: a
-tick's body, which holds a few of its chunk's residual sets at once (made, copied out of the
-record buffers, their gradients): 2.48 chunks with a fused backward, 1.38 with a
-split one (its B and W each run half the backward); under ring attention 0.75 of the ring's
-score blocks for each layer of the chunk (beside the ring kernel's own working set); a tick's
-chunk gradient and the schedule's gradient slots, 0.59 each (fitted below 1: the compiled peak
-does not hold all of either at once). The ring's weight is non-negative least squares on the
-compiled memory of the 4-layer, 256-wide GPT's pipelined plans on 8 CPU devices (two sweeps, 32
-plans, 2026-11-27); the other four on all 280 pipelined plans of its 320 (2026-11-29; that fit
-alone sets the ring's to 0, which leaves llama-tiny's pipelined ring plans up to 12.9% under).
-llama-tiny is held out (docs/planner_log.md, "Memory")."""
-
-
-REMAT_COEF: dict[str, dict[str, float]] = {
-    "dots": {
-        "kept": 0.97,
-        "kept_1d_whole": 0.68,
-        "pipe_kept": 0.90,
-        "pipe_body": 1.91,
-        "pipe_body_split": 1.37,
-        "pipe_ring": 0.02,
-        "pipe_chunk_grad": 0.67,
-        "pipe_grad_slots": 1.51,
-        "working": 1.06,
-        "working_rsa": 1.14,
-        "pipe_working_rsa": 1.57,
-        "working_recomputed": 1.11,
-    },
-    "selective": {
-        "kept": 0.96,
-        "kept_1d_whole": 1.09,
-        "pipe_kept": 0.88,
-        "pipe_body": 1.79,
-        "pipe_body_split": 1.05,
-        "pipe_ring": 1.35,
-        "pipe_chunk_grad": 0.83,
-        "pipe_grad_slots": 0.78,
-        "working": 0.99,
-        "working_rsa": 0.09,
-        "pipe_working_rsa": 0.94,
-        "working_recomputed": 0.80,
-    },
-}
-"""The weights of :func:`memory_terms`' terms under the policies that keep matmul outputs,
-where they differ from :data:`MEMORY_COEF`'s (``none``'s, fitted on ``none`` plans): a
-compiled peak is the largest of the program's live sets, not the sum of the terms, and which
-buffers meet at it differs by policy. Least squares on the relative error against the compiled
-memory of the 4-layer, 256-wide GPT's ZeRO-0 plans on 8 CPU devices, every stored sweep's
-(2026-11-29 on; 248 ``selective`` plans, 153 ``dots``), one set per policy (2026-12-07): the
-misses over 10% fall from 56 to 1 (``selective``) and from 7 to 0 (``dots``); five-fold
-cross-validated, 2 and 3. llama-tiny is held out (docs/planner_log.md). Read: under
-``selective`` the flat ring self-attention's rows (``working_rsa``, 0.09) are not at its
-peak — the policy recomputes them in the backward, and the peak falls where they are not —
-and a recomputed layer (``working_recomputed``) counts 0.8; 1D's whole ``[tokens, h]``
-outputs (``kept_1d_whole``) count about once more under ``selective``, two-thirds more under
-``dots``. Like :data:`MEMORY_COEF`'s, fitted on CPU compiles and applied on every platform
-(the GPU's own peak differs in what the CPU holds in fp32; ``plan.py --verify`` compiles)."""
 
 
 def _split_elements(
@@ -240,7 +160,8 @@ def whole_1d_bytes(plan: Plan) -> float:
     (with a fused backward; 0 elsewhere and without 1D): under a policy that keeps matmul
     outputs, its row-parallel linears keep their ``[tokens, h]`` outputs before the all-reduce,
     whose share of the kept values :data:`PER_TOKEN`'s proportion underestimates (weighted in
-    :data:`REMAT_COEF`; under ``none`` the traced share is exact, weight 0)."""
+    :data:`~colossal_jax.auto.memory_weights.REMAT_COEF`; under ``none`` the traced share is
+    exact, weight 0)."""
     par = plan.config.parallel
     if par.tensor_mode != "1d" or par.tensor_size == 1 or plan.remat == "offload":
         return 0.0
@@ -252,65 +173,8 @@ def whole_1d_bytes(plan: Plan) -> float:
     return whole * act_bytes(plan) * tokens_per_microbatch(plan) * layers * _in_flight(plan)
 
 
-_T = TypeVar("_T")
-
-_PER_TOKEN: dict[tuple, tuple[object, Any]] | None = None
-"""Per-token figures already computed inside :func:`per_token_kept` (:func:`_per_token`)."""
-
-
-@contextlib.contextmanager
-def per_token_kept() -> Iterator[None]:
-    """Inside the block, a layer's elements per token (the record's, the working set's) are
-    computed once per layout, remat policy and model rather than for every knob combination
-    (:func:`colossal_jax.auto.search.search` prices tens of thousands): the block must not
-    change the figures they are read from (:mod:`colossal_jax.auto.layer_memory`'s)."""
-    global _PER_TOKEN
-    outer = _PER_TOKEN
-    _PER_TOKEN = {} if outer is None else outer
-    try:
-        yield
-    finally:
-        _PER_TOKEN = outer
-
-
-def _shape_key(plan: Plan, what: str) -> tuple:
-    """What a layer's elements per token on one device depend on: the model (by identity: a
-    search's variants share one), the layout (every parallel field but ZeRO's stage, which
-    splits state, not activations), the remat policy, sequence, precision, platform and
-    attention kernel."""
-    c = plan.config
-    layout = dict(vars(c.parallel), zero=0)  # a dict's copy: cheaper than reading each field
-    fields = tuple(layout.values())
-    return (
-        what,
-        id(plan.model),
-        fields,
-        c.remat,
-        c.seq_len,
-        c.precision,
-        c.attention,
-        plan.devices.platform,
-    )
-
-
-def _per_token(plan: Plan, what: str, compute: Callable[[], _T]) -> _T:
-    """``compute()``, kept by :func:`_shape_key` inside :func:`per_token_kept` (these figures
-    change with the layout and remat policy alone). The model is kept beside the figure so
-    that its ``id`` is not reused."""
-    memo = _PER_TOKEN
-    if memo is None:
-        return compute()
-    key = _shape_key(plan, what)
-    hit = memo.get(key)
-    if hit is not None and hit[0] is plan.model:
-        return hit[1]
-    value = compute()
-    memo[key] = (plan.model, value)
-    return value
-
-
 def _record_elements(plan: Plan) -> float:
-    return _per_token(plan, "record", lambda: _record_elements_of(plan))
+    return per_token(plan, "record", lambda: _record_elements_of(plan))
 
 
 def record_share(plan: Plan) -> float:
@@ -319,7 +183,7 @@ def record_share(plan: Plan) -> float:
     ``none``; :func:`_record_elements_of`)."""
     if plan.remat == "none":
         return 1.0
-    whole = _per_token(plan, "record_none", lambda: _record_elements_of(plan, "none"))
+    whole = per_token(plan, "record_none", lambda: _record_elements_of(plan, "none"))
     return _record_elements(plan) / whole if whole > 0 else 1.0
 
 
@@ -380,7 +244,7 @@ def working_parts(plan: Plan, *, floor: bool = False) -> dict[str, float]:
             recomputed = max(0.0, kept_elements(plan, "none") - kept_elements(plan))
         return base, rsa, recomputed
 
-    base, rsa, recomputed = _per_token(plan, f"working/floor={floor}", elements)
+    base, rsa, recomputed = per_token(plan, f"working/floor={floor}", elements)
     ab, tok = act_bytes(plan), tokens_per_microbatch(plan)
     fixed = w.fixed / param_split(plan.config.parallel)
     return {
@@ -445,8 +309,8 @@ def scores_per_token(plan: Plan, *, kept: bool = True) -> float:
 
 
 def memory_terms(plan: Plan, *, floor: bool = False) -> dict[str, float]:
-    """The terms of the predicted peak per device, in bytes (weights :func:`weight`: the remat
-    policy's :data:`REMAT_COEF` where it has them, else :data:`MEMORY_COEF`; ``floor``: as
+    """The terms of the predicted peak per device, in bytes (weighted by the remat policy's
+    weights, :func:`colossal_jax.auto.memory_weights.weight`; ``floor``: as
     :func:`working_parts`, and without a pipeline's gradient slots, which need its schedule
     built):
 
@@ -553,11 +417,11 @@ def chunk_bytes(plan: Plan) -> float:
 
 def memory_bytes(plan: Plan, *, floor: bool = False) -> float:
     """The predicted peak bytes per device: :func:`memory_terms` weighted by
-    :data:`MEMORY_COEF`. With ``floor``, a lower bound of it that compiles no ring attention
-    and builds no pipeline schedule (the ring kernel's score blocks and the schedule's gradient
-    slots taken as none; every term and weight is non-negative and grows with them): the
-    planner prices a plan only when its floor fits, and finds the least memory of a request
-    nothing fits by pricing plans in order of their floors."""
+    :func:`~colossal_jax.auto.memory_weights.weighted`. With ``floor``, a lower bound of it that
+    compiles no ring attention and builds no pipeline schedule (the ring kernel's score blocks
+    and the schedule's gradient slots taken as none; every term and weight is non-negative and
+    grows with them): the planner prices a plan only when its floor fits, and finds the least
+    memory of a request nothing fits by pricing plans in order of their floors."""
     return weighted(memory_terms(plan, floor=floor), plan.remat)
 
 
@@ -567,17 +431,6 @@ def floor_is_exact(plan: Plan) -> bool:
     (a pipeline) are left out of it."""
     pipelined = plan.config.parallel.pipelined
     return not (ring_attention(plan) or ring_self_attention(plan) or pipelined)
-
-
-def weight(term: str, remat: str) -> float:
-    """The weight of a :func:`memory_terms` term in the predicted peak under a remat policy:
-    :data:`REMAT_COEF`'s where it has one, else :data:`MEMORY_COEF`'s."""
-    return REMAT_COEF.get(remat, {}).get(term, MEMORY_COEF[term])
-
-
-def weighted(terms: dict[str, float], remat: str) -> float:
-    """The peak of :func:`memory_terms`' ``terms``: their sum weighted by :func:`weight`."""
-    return sum(weight(k, remat) * v for k, v in terms.items())
 
 
 def _in_flight(plan: Plan) -> float:

@@ -28,7 +28,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from colossal_jax.auto import cost, memory, space
+from colossal_jax.auto import cost, memory, memory_weights, per_token_memo, space
 from colossal_jax.auto.cost import Prediction
 from colossal_jax.auto.hardware import Hardware
 from colossal_jax.auto.space import Knobs
@@ -137,7 +137,7 @@ def best_knobs(
     for k in space.knobs(par, base.config.batch_size, base.batch_shards * base.microbatches):
         variant = _variant(base, k)
         terms = memory.memory_terms(variant, floor=True)
-        floor = memory.weighted(terms, variant.remat)
+        floor = memory_weights.weighted(terms, variant.remat)
         variants.append((floor, k, variant))
         if floor > budget:
             continue
@@ -224,7 +224,7 @@ def search(
     devices = devices_of(hw, n)
     out = SearchResult()
     unfit: list[Variant] = []
-    with memory.per_token_kept():
+    with per_token_memo.per_token_kept():
         _search_layouts(cfg, n, hw, budget, time_budget, start, devices, out, unfit)
         if not out.ranked:
             out.smallest = lightest(unfit, hw)
