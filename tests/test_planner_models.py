@@ -94,6 +94,60 @@ def test_working_set_is_compiled_once_then_read_from_disk(tmp_path, monkeypatch)
     assert layer_memory.working(model, 32) == first
 
 
+def test_the_policy_working_set_is_compiled_once_per_policy_then_read_from_disk(
+    tmp_path, monkeypatch
+):
+    monkeypatch.setenv("COLOSSAL_JAX_CACHE", str(tmp_path))
+    model = model_config("llama-tiny", n_layer=2, n_embd=64, n_head=4, n_kv_head=2)
+    layer_memory.policy_working.cache_clear()
+    seen = []
+    compile_temps = layer_memory._step_temp_elements
+
+    def spy(model, batch, seq, remat):
+        seen.append((batch, seq, remat))
+        return compile_temps(model, batch, seq, remat)
+
+    monkeypatch.setattr(layer_memory, "_step_temp_elements", spy)
+    full = layer_memory.policy_working(model, 32, "full")
+    shapes = [(b, 32 // d) for b, d in layer_memory.POLICY_SHAPES]
+    assert sorted(set(seen)) == sorted({(b, s, r) for b, s in shapes for r in ("full", "none")})
+    assert min(full.other, full.scores, full.fixed) >= 0
+    zero = layer_memory.Working(0.0, 0.0, 0.0)
+    assert layer_memory.policy_working(model, 32, "none") == zero
+    assert layer_memory.policy_working(model, 32, "offload") == zero  # its input on the host
+    layer_memory.policy_working.cache_clear()
+    monkeypatch.setattr(layer_memory, "_step_temp_elements", None)  # from the disk cache now
+    assert layer_memory.policy_working(model, 32, "full") == full
+
+
+def test_the_policy_working_set_is_what_the_whole_step_compiles_beyond_none():
+    model = model_config("llama-tiny", n_layer=4)
+    seq, batch = 128, 4
+    w = layer_memory.policy_working(model, seq, "selective")
+    # llama's softmax is recomputed inside the backward, beside the gradients: one score row
+    assert w.scores == pytest.approx(1.0, abs=0.1) and w.other < 0.01 * model.n_embd
+    excess = layer_memory._step_temp_elements(model, batch, seq, "selective")
+    excess -= layer_memory._step_temp_elements(model, batch, seq, "none")
+    kp, kn = layer_memory.kept(model, "selective"), layer_memory.kept(model, "none")
+    kept = (kp.other - kn.other) + (kp.scores - kn.scores) * model.n_head * seq
+    excess -= layer_memory.STACK * batch * seq * kept
+    solved = batch * seq * (w.other + w.scores * model.n_head * seq) + w.fixed
+    assert excess > 0 and solved == pytest.approx(excess, rel=0.05)
+
+
+def test_the_policy_working_set_counts_xla_score_rows_alone(monkeypatch):
+    rows = layer_memory.Working(other=0.0, scores=1.0, fixed=0.0)  # one recomputed row
+    monkeypatch.setattr(layer_memory, "policy_working", lambda *_a: rows)
+    xla = _plan(remat="full", data=4, seq=2, seq_mode="ulysses")
+    ring = _plan(remat="full", data=4, seq=2, seq_mode="ring")
+    piped = _plan(remat="full", data=4, pipe=2, pipeline="1f1b", microbatches=4)
+    assert memory.working_parts(xla)["working_policy"] > 0
+    # ring attention's backward recomputes its blocks under every policy; a pipeline's tick
+    # body holds its chunk's residual sets, in whose place the recomputed values stand
+    assert memory.working_parts(ring)["working_policy"] == 0.0
+    assert memory.working_parts(piped)["working_policy"] == 0.0
+
+
 def test_layer_figures_are_read_on_the_cpu_whatever_parallelism_is_in_force():
     # On a GPU host the default single-device layout sits on the GPU while the layer compiles'
     # arguments sit on the CPU (call 7 on the H200 stopped there). The same mismatch here: a
@@ -395,7 +449,9 @@ def test_the_recomputed_layer_counts_only_in_multi_layer_pipeline_chunks():
     two = plans(data=4, pipe=2, pipeline="1f1b", microbatches=4)
     for dots, plain in (flat, one, inter):  # the recomputed values take the stored ones' place
         assert not memory.recomputed_layer_counts(dots)
-        assert memory.working_bytes(dots) == pytest.approx(memory.working_bytes(plain))
+        policy = memory.working_parts(dots)["working_policy"]  # without a pipeline only
+        assert dots is flat[0] or policy == 0.0
+        assert memory.working_bytes(dots) - policy == pytest.approx(memory.working_bytes(plain))
     dots, plain = two  # a two-layer chunk holds them beside its record
     assert memory.recomputed_layer_counts(dots)
     layer = memory.kept_elements(dots, "none") - memory.kept_elements(dots)

@@ -213,7 +213,7 @@ def working_bytes(plan: Plan, *, floor: bool = False) -> float:
 
 
 def working_parts(plan: Plan, *, floor: bool = False) -> dict[str, float]:
-    """One layer's backward transients on one device, in bytes, in three parts (each a term of
+    """One layer's backward transients on one device, in bytes, in four parts (each a term of
     :func:`memory_terms`): ``working``, the family's measured working set under ``remat=none``
     (:func:`colossal_jax.auto.layer_memory.working`: per token, its scores split like the kept
     ones, and one layer's weight gradient split by the tensor mode; under ring attention the
@@ -222,9 +222,15 @@ def working_parts(plan: Plan, *, floor: bool = False) -> dict[str, float]:
     kernel holds beyond XLA's attention (:func:`colossal_jax.auto.layer_memory.rsa_rows`);
     ``working_recomputed``, under a policy that recomputes, in a pipeline of multi-layer
     chunks, the intermediates it recomputes (what ``none`` keeps beyond what the policy does;
-    :func:`recomputed_layer_counts`). ``floor``: the ring kernel's blocks (and ring
-    self-attention's extra rows) taken as none, which compiles no ring and can only be less
-    (:func:`memory_bytes`)."""
+    :func:`recomputed_layer_counts`); ``working_policy``, without a pipeline, what the
+    layer's backward holds under the plan's remat policy beyond ``none``'s working set, the
+    intermediates it recomputes (:func:`colossal_jax.auto.layer_memory.policy_working`, split
+    like ``working``; score rows only where XLA's attention computes them: ring attention,
+    flash and the blockwise kernel recompute their blocks under every policy alike). In a
+    pipeline a tick's body holds its chunk's residual sets (``pipe_body``), in whose place the
+    recomputed values stand (:func:`recomputed_layer_counts`): no term. ``floor``: the ring
+    kernel's blocks (and ring self-attention's extra rows) taken as none, which compiles no
+    ring and can only be less (:func:`memory_bytes`)."""
     w = layer_memory.working(plan.model, plan.config.seq_len)
     scores, extra = w.scores, 0.0
     if ring_attention(plan):  # the ring's own kernel, not XLA's attention, holds the blocks
@@ -234,7 +240,14 @@ def working_parts(plan: Plan, *, floor: bool = False) -> dict[str, float]:
         rows = layer_memory.rsa_rows(plan.model, plan.config.seq_len, plan.config.parallel.seq)
         extra = rows or 0.0
 
-    def elements() -> tuple[float, float, float]:
+    pw = layer_memory.Working(0.0, 0.0, 0.0)
+    if not plan.config.parallel.pipelined:  # a tick's body holds its chunk's (pipe_body)
+        pw = layer_memory.policy_working(plan.model, plan.config.seq_len, plan.remat)
+    # the policy recomputes XLA's score rows; a kernel that keeps no scores (ring attention's
+    # custom backward, flash, blockwise) recomputes its blocks under every policy alike
+    pw_scores = pw.scores if scores_per_token(plan) > 0 else 0.0
+
+    def elements() -> tuple[float, float, float, float]:
         share = _whole_share(plan, "none")
         base = _split_elements(plan, w.other, scores, h_share=share, kept=False)
         base += _gathered_inputs(plan)
@@ -242,15 +255,17 @@ def working_parts(plan: Plan, *, floor: bool = False) -> dict[str, float]:
         recomputed = 0.0
         if plan.remat != "none" and recomputed_layer_counts(plan):
             recomputed = max(0.0, kept_elements(plan, "none") - kept_elements(plan))
-        return base, rsa, recomputed
+        policy = _split_elements(plan, pw.other, pw_scores, h_share=share, kept=False)
+        return base, rsa, recomputed, policy
 
-    base, rsa, recomputed = per_token(plan, f"working/floor={floor}", elements)
+    base, rsa, recomputed, policy = per_token(plan, f"working/floor={floor}", elements)
     ab, tok = act_bytes(plan), tokens_per_microbatch(plan)
-    fixed = w.fixed / param_split(plan.config.parallel)
+    split = param_split(plan.config.parallel)
     return {
-        "working": ab * (base * tok + fixed),
+        "working": ab * (base * tok + w.fixed / split),
         "working_rsa": ab * rsa * tok,
         "working_recomputed": ab * recomputed * tok,
+        "working_policy": ab * (policy * tok + pw.fixed / split),
     }
 
 
@@ -334,9 +349,10 @@ def memory_terms(plan: Plan, *, floor: bool = False) -> dict[str, float]:
       before it is added into the stage's gradient sum; ``pipe_grad_slots`` the gradient slots
       of the schedule (an activation's size each: ``M`` under GPipe, 1 under 1F1B and ZB-H1),
       where output gradients wait for their chunk's backward;
-    - ``working``, ``working_rsa`` (``pipe_working_rsa`` in a pipeline) and
-      ``working_recomputed``: one layer's backward transients, ring self-attention's extra
-      rows and a recomputed layer (:func:`working_parts`);
+    - ``working``, ``working_rsa`` (``pipe_working_rsa`` in a pipeline),
+      ``working_recomputed`` and ``working_policy``: one layer's backward transients, ring
+      self-attention's extra rows, a recomputed layer in a pipeline's chunk and, without a
+      pipeline, the remat policy's recomputed intermediates (:func:`working_parts`);
     - ``kept_1d_whole``: the kept values 1D leaves whole beyond a ``1/t`` share
       (:func:`whole_1d_bytes`);
     - ``logits``: the logits, their softmax and gradient in fp32, split over the tensor group.
@@ -402,6 +418,7 @@ def memory_terms(plan: Plan, *, floor: bool = False) -> dict[str, float]:
         "working_rsa": 0.0 if par.pipelined else working["working_rsa"],
         "pipe_working_rsa": working["working_rsa"] if par.pipelined else 0.0,
         "working_recomputed": working["working_recomputed"],
+        "working_policy": working["working_policy"],
         "kept_1d_whole": whole_1d_bytes(plan),
         "logits": logits,
     }

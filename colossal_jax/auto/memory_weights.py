@@ -13,6 +13,7 @@ MEMORY_COEF = {
     "working_rsa": 1.0,
     "pipe_working_rsa": 1.0,
     "working_recomputed": 1.0,
+    "working_policy": 1.0,
     "kept_1d_whole": 0.0,
     "pipe_kept": 1.0,
     "pipe_body": 2.48,
