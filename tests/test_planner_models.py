@@ -13,7 +13,15 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from colossal_jax.auto import cost, fit_cpu, hardware, layer_memory, memory, memory_weights
+from colossal_jax.auto import (
+    cost,
+    fit_cpu,
+    hardware,
+    layer_memory,
+    memory,
+    memory_weights,
+    policy_memory,
+)
 from colossal_jax.auto.per_device import pipeline_shape, stack_params
 from colossal_jax.checks.resolve import resolve
 from colossal_jax.config import ParallelConfig, TrainConfig
@@ -99,35 +107,35 @@ def test_the_policy_working_set_is_compiled_once_per_policy_then_read_from_disk(
 ):
     monkeypatch.setenv("COLOSSAL_JAX_CACHE", str(tmp_path))
     model = model_config("llama-tiny", n_layer=2, n_embd=64, n_head=4, n_kv_head=2)
-    layer_memory.policy_working.cache_clear()
+    policy_memory.policy_working.cache_clear()
     seen = []
-    compile_temps = layer_memory._step_temp_elements
+    compile_temps = policy_memory._step_temp_elements
 
     def spy(model, batch, seq, remat):
         seen.append((batch, seq, remat))
         return compile_temps(model, batch, seq, remat)
 
-    monkeypatch.setattr(layer_memory, "_step_temp_elements", spy)
-    full = layer_memory.policy_working(model, 32, "full")
-    shapes = [(b, 32 // d) for b, d in layer_memory.POLICY_SHAPES]
+    monkeypatch.setattr(policy_memory, "_step_temp_elements", spy)
+    full = policy_memory.policy_working(model, 32, "full")
+    shapes = [(b, 32 // d) for b, d in policy_memory.POLICY_SHAPES]
     assert sorted(set(seen)) == sorted({(b, s, r) for b, s in shapes for r in ("full", "none")})
     assert min(full.other, full.scores, full.fixed) >= 0
     zero = layer_memory.Working(0.0, 0.0, 0.0)
-    assert layer_memory.policy_working(model, 32, "none") == zero
-    assert layer_memory.policy_working(model, 32, "offload") == zero  # its input on the host
-    layer_memory.policy_working.cache_clear()
-    monkeypatch.setattr(layer_memory, "_step_temp_elements", None)  # from the disk cache now
-    assert layer_memory.policy_working(model, 32, "full") == full
+    assert policy_memory.policy_working(model, 32, "none") == zero
+    assert policy_memory.policy_working(model, 32, "offload") == zero  # its input on the host
+    policy_memory.policy_working.cache_clear()
+    monkeypatch.setattr(policy_memory, "_step_temp_elements", None)  # from the disk cache now
+    assert policy_memory.policy_working(model, 32, "full") == full
 
 
 def test_the_policy_working_set_is_what_the_whole_step_compiles_beyond_none():
     model = model_config("llama-tiny", n_layer=4)
     seq, batch = 128, 4
-    w = layer_memory.policy_working(model, seq, "selective")
+    w = policy_memory.policy_working(model, seq, "selective")
     # llama's softmax is recomputed inside the backward, beside the gradients: one score row
     assert w.scores == pytest.approx(1.0, abs=0.1) and w.other < 0.01 * model.n_embd
-    excess = layer_memory._step_temp_elements(model, batch, seq, "selective")
-    excess -= layer_memory._step_temp_elements(model, batch, seq, "none")
+    excess = policy_memory._step_temp_elements(model, batch, seq, "selective")
+    excess -= policy_memory._step_temp_elements(model, batch, seq, "none")
     kp, kn = layer_memory.kept(model, "selective"), layer_memory.kept(model, "none")
     kept = (kp.other - kn.other) + (kp.scores - kn.scores) * model.n_head * seq
     excess -= layer_memory.STACK * batch * seq * kept
@@ -137,7 +145,7 @@ def test_the_policy_working_set_is_what_the_whole_step_compiles_beyond_none():
 
 def test_the_policy_working_set_counts_xla_score_rows_alone(monkeypatch):
     rows = layer_memory.Working(other=0.0, scores=1.0, fixed=0.0)  # one recomputed row
-    monkeypatch.setattr(layer_memory, "policy_working", lambda *_a: rows)
+    monkeypatch.setattr(policy_memory, "policy_working", lambda *_a: rows)
     xla = _plan(remat="full", data=4, seq=2, seq_mode="ulysses")
     ring = _plan(remat="full", data=4, seq=2, seq_mode="ring")
     piped = _plan(remat="full", data=4, pipe=2, pipeline="1f1b", microbatches=4)

@@ -18,6 +18,8 @@ CPU device (the working set of one layer's backward). The memory model
   sequence ``S``, ``S``, ``S/2``) and its temporaries, less what the layers keep, are solved for
   ``T·(other + scores·a·s) + fixed``. Three compiles of 1–2 s each per model and sequence
   length, kept on disk (:class:`colossal_jax.auto.cache.Cache`, kind ``layer``).
+- **A remat policy's recomputed intermediates** beyond ``none``'s working set:
+  :mod:`colossal_jax.auto.policy_memory`, from compiles of the stack and its head.
 - **Ring blocks** (:func:`ring_blocks`): the score blocks ring attention's forward and backward
   hold at once (:mod:`colossal_jax.sequence.ring`: a block's scores, probabilities and their
   gradients, with grouped-query attention their regrouped copies) inside the layer stack's
@@ -89,7 +91,7 @@ def _family(model: Any) -> Any:
 
 
 @functools.lru_cache(maxsize=16)
-def _abstract_stack(model: Any, layers: int) -> tuple[Any, Any]:
+def abstract_stack(model: Any, layers: int) -> tuple[Any, Any]:
     """``(graphdef, abstract parameters)`` of ``model`` cut to ``layers`` layers (kept: every
     trace and compile of a model's stack shares them)."""
     from flax import nnx
@@ -100,7 +102,7 @@ def _abstract_stack(model: Any, layers: int) -> tuple[Any, Any]:
     return nnx.split(abstract)
 
 
-def _on_cpu() -> Any:
+def on_cpu() -> Any:
     """The single-device parallelism on the host's CPU, whatever the default backend: the
     figures are read off CPU compiles (on a GPU host too, where the layers would otherwise
     route to a mesh of the GPU while their arguments sit on the CPU)."""
@@ -120,7 +122,7 @@ def _stack_fn(model: Any, layers: int, remat: str) -> tuple[Any, Any]:
     from colossal_jax.layers.stack import StackOptions, use_stack_options
     from colossal_jax.parallel.remat import RematPolicy
 
-    graphdef, params = _abstract_stack(model, layers)
+    graphdef, params = abstract_stack(model, layers)
     policy = RematPolicy(remat).policy()
 
     def f(params, x, positions):
@@ -137,7 +139,7 @@ def kept(model: Any, remat: str) -> Kept:
     read from the disk cache when it holds it."""
     from colossal_jax.auto.cache import Cache
 
-    key = _key(model, TRACE_LEN, f"kept/{remat}")
+    key = figure_key(model, TRACE_LEN, f"kept/{remat}")
     cache = Cache("layer")
     hit = cache.get(key)
     if hit is not None:
@@ -157,7 +159,7 @@ def _traced_kept(model: Any, remat: str) -> Kept:
     x = jax.ShapeDtypeStruct((1, s, model.n_embd), jnp.float32)
     positions = jax.ShapeDtypeStruct((1, s), jnp.int32)
     other = scores = whole = 0.0
-    with _on_cpu():
+    with on_cpu():
         residuals = saved_residuals(f, params, x, positions)
     for aval, where in residuals:
         if "output of scan" not in where:  # parameters, the stack's loop-invariant values
@@ -184,7 +186,7 @@ def working(model: Any, seq_len: int) -> Working:
     from the disk cache when it holds them."""
     from colossal_jax.auto.cache import Cache
 
-    key = _key(model, seq_len)
+    key = figure_key(model, seq_len)
     cache = Cache("layer")
     hit = cache.get(key)
     if hit is not None:
@@ -213,103 +215,6 @@ def working(model: Any, seq_len: int) -> Working:
     return result
 
 
-RECOMPUTING = ("selective", "dots", "full")
-"""The policies :func:`policy_working` compiles: those that recompute on the device
-(``offload`` keeps ``none``'s working set, its layer input on the host, for which the
-one-device CPU compile has no memory space)."""
-
-POLICY_SHAPES = ((2, 1), (4, 1), (8, 2))
-"""``(sequences, divisor of the sequence length)`` of :func:`policy_working`'s three compiles:
-``2S`` and ``4S`` tokens at ``S`` (their difference is per token), ``4S`` at ``S/2`` (the
-score rows halve)."""
-
-
-@functools.lru_cache(maxsize=64)
-def policy_working(model: Any, seq_len: int, remat: str) -> Working:
-    """What a training step's backward holds at its peak under ``remat`` beyond what it holds
-    under ``none``, less what each keeps (:func:`kept`): the intermediates the policy recomputes,
-    live beside the gradients, as a :class:`Working` (fp32 elements, each part at least 0;
-    ``none``, ``offload`` and other policies: nothing). From compiles of the gradient of
-    :data:`STACK` layers *and the head's loss* (:func:`_step_temp_elements`) under each
-    policy at the three :data:`POLICY_SHAPES`, solved like :func:`working`. The head belongs in
-    them: where the step's peak falls decides whether the recomputed values are live there.
-    On the 4-layer, 256-wide GPT at 256 tokens the excess per token is about none under
-    ``selective``, 903 elements under ``dots`` and 3,206 under ``full`` (the stack alone
-    compiles to 1,346 / 2,430 / 6,022); on llama-tiny 4,232 under each (one score row: its
-    softmax is recomputed in the backward), as the stack alone gives too. Read from the disk
-    cache when it holds it."""
-    from colossal_jax.auto.cache import Cache
-
-    if remat not in RECOMPUTING:
-        return Working(0.0, 0.0, 0.0)
-    key = _key(model, seq_len, f"policy/{remat}")
-    cache = Cache("layer")
-    hit = cache.get(key)
-    if hit is not None:
-        return Working(**hit)
-    a, s = model.n_head, seq_len
-    k_p, k_n = kept(model, remat), kept(model, "none")
-
-    def excess(batch: int, divisor: int) -> float:
-        """The policy's temporaries beyond ``none``'s, less the difference of what they keep."""
-        seq = max(1, s // divisor)
-        keep = (k_p.other - k_n.other) + (k_p.scores - k_n.scores) * a * seq
-        delta = _step_temp_elements(model, batch, seq, remat)
-        delta -= _step_temp_elements(model, batch, seq, "none")
-        return delta - STACK * batch * seq * keep
-
-    (b1, _), (b2, _), (b3, d3) = POLICY_SHAPES
-    e1, e2 = excess(b1, 1), excess(b2, 1)
-    per_token = max(0.0, (e2 - e1) / ((b2 - b1) * s))  # other + scores·a·S
-    fixed = max(0.0, e1 - per_token * b1 * s)
-    scores = 0.0
-    half = max(1, s // d3)
-    if half < s and per_token > 0:
-        per_token_half = (excess(b3, d3) - fixed) / (b3 * half)
-        # the split, within the total at S: neither part below 0
-        scores = min(max(0.0, (per_token - per_token_half) / (a * (s - half))), per_token / (a * s))
-    result = Working(per_token - scores * a * s, scores, fixed)
-    meta = {"model": repr(model), "seq_len": seq_len, "remat": remat}
-    cache.put(key, dataclasses.asdict(result), meta)
-    return result
-
-
-@functools.lru_cache(maxsize=256)
-def _step_temp_elements(model: Any, batch: int, seq: int, remat: str) -> float:
-    """fp32 elements of the compiled temporaries of the gradient of :data:`STACK` layers of
-    ``model`` and its head's loss (``head_loss`` of the stack's output: logits, cross-entropy)
-    at ``batch × seq`` under ``remat``, compiled for one CPU device: the gradient of the
-    parameters alone, as in a training step, where the input's gradient is consumed inside
-    the step (by the embedding's backward) rather than returned. Taking the input's gradient
-    out as a result moves llama-tiny's peak: its ``selective`` excess compiles to 8 elements a
-    token so, 4,232 without, as the whole model (embedding included) compiles."""
-    import jax
-    import jax.numpy as jnp
-    from flax import nnx
-    from jax.sharding import SingleDeviceSharding
-
-    from colossal_jax.layers.stack import StackOptions, use_stack_options
-    from colossal_jax.parallel.remat import RematPolicy
-
-    graphdef, params = _abstract_stack(model, STACK)
-    policy = RematPolicy(remat).policy()
-
-    def loss(params, x, positions, targets):
-        with use_stack_options(StackOptions(remat=policy)):
-            m = nnx.merge(graphdef, params)
-            total, count = m.head_loss(m.blocks(x, positions), targets, jnp.ones(targets.shape))
-        return total / count
-
-    on = SingleDeviceSharding(jax.devices("cpu")[0])
-    x = jax.ShapeDtypeStruct((batch, seq, model.n_embd), jnp.float32, sharding=on)
-    ids = jax.ShapeDtypeStruct((batch, seq), jnp.int32, sharding=on)
-    params = jax.tree.map(lambda p: jax.ShapeDtypeStruct(p.shape, p.dtype, sharding=on), params)
-    with _on_cpu():
-        lowered = jax.jit(jax.grad(loss)).lower(params, x, ids, ids)
-    compiled = compile_for_layer_figures(lowered)
-    return compiled.memory_analysis().temp_size_in_bytes / 4
-
-
 def _temp_elements(model: Any, batch: int, seq: int) -> float:
     """fp32 elements of the compiled temporaries of the stack's gradient at ``batch × seq``,
     compiled for one CPU device."""
@@ -322,7 +227,7 @@ def _temp_elements(model: Any, batch: int, seq: int) -> float:
     x = jax.ShapeDtypeStruct((batch, seq, model.n_embd), jnp.float32, sharding=on)
     positions = jax.ShapeDtypeStruct((batch, seq), jnp.int32, sharding=on)
     params = jax.tree.map(lambda p: jax.ShapeDtypeStruct(p.shape, p.dtype, sharding=on), params)
-    with _on_cpu():
+    with on_cpu():
         lowered = jax.jit(jax.grad(f, argnums=(0, 1))).lower(params, x, positions)
     compiled = compile_for_layer_figures(lowered)
     return compiled.memory_analysis().temp_size_in_bytes / 4
@@ -334,7 +239,9 @@ def _method_digest() -> str:
     return hashlib.sha256(Path(__file__).read_bytes()).hexdigest()
 
 
-def _key(model: Any, seq_len: int, what: str = "working") -> str:
+def figure_key(model: Any, seq_len: int, what: str = "working") -> str:
+    """The disk-cache key of a layer figure (``what``) of ``model`` at ``seq_len``: the model,
+    jax, the package's and the family's source and this module's method."""
     import jax
 
     from colossal_jax.auto.cache import _plain, module_digest, source_digest
@@ -380,7 +287,7 @@ def ring_blocks(model: Any, seq: int) -> float | None:
     from colossal_jax.auto.cache import Cache
 
     hops = ring_hops(seq)
-    key = _key(model, hops, "ring")
+    key = figure_key(model, hops, "ring")
     cache = Cache("layer")
     hit = cache.get(key)
     if hit is not None:
@@ -420,7 +327,7 @@ def rsa_rows(model: Any, seq_len: int, seq: int) -> float | None:
     hops = min(seq, RSA_MAX_HOPS, len(jax.devices("cpu")))
     if hops < 2 or seq_len // hops < 1:
         return None
-    key = _key(model, seq_len, f"rsa/{hops}")
+    key = figure_key(model, seq_len, f"rsa/{hops}")
     cache = Cache("layer")
     hit = cache.get(key)
     if hit is None:

@@ -20,7 +20,7 @@ offloaded state stays in host memory.
 
 from __future__ import annotations
 
-from colossal_jax.auto import layer_memory
+from colossal_jax.auto import layer_memory, policy_memory
 from colossal_jax.auto.memory_weights import weighted
 from colossal_jax.auto.per_device import (
     act_bytes,
@@ -224,7 +224,7 @@ def working_parts(plan: Plan, *, floor: bool = False) -> dict[str, float]:
     chunks, the intermediates it recomputes (what ``none`` keeps beyond what the policy does;
     :func:`recomputed_layer_counts`); ``working_policy``, without a pipeline, what the
     layer's backward holds under the plan's remat policy beyond ``none``'s working set, the
-    intermediates it recomputes (:func:`colossal_jax.auto.layer_memory.policy_working`, split
+    intermediates it recomputes (:func:`colossal_jax.auto.policy_memory.policy_working`, split
     like ``working``; score rows only where XLA's attention computes them: ring attention,
     flash and the blockwise kernel recompute their blocks under every policy alike). In a
     pipeline a tick's body holds its chunk's residual sets (``pipe_body``), in whose place the
@@ -242,7 +242,7 @@ def working_parts(plan: Plan, *, floor: bool = False) -> dict[str, float]:
 
     pw = layer_memory.Working(0.0, 0.0, 0.0)
     if not plan.config.parallel.pipelined:  # a tick's body holds its chunk's (pipe_body)
-        pw = layer_memory.policy_working(plan.model, plan.config.seq_len, plan.remat)
+        pw = policy_memory.policy_working(plan.model, plan.config.seq_len, plan.remat)
     # the policy recomputes XLA's score rows; a kernel that keeps no scores (ring attention's
     # custom backward, flash, blockwise) recomputes its blocks under every policy alike
     pw_scores = pw.scores if scores_per_token(plan) > 0 else 0.0
