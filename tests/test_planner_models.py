@@ -21,6 +21,7 @@ from colossal_jax.auto import (
     memory,
     memory_weights,
     policy_memory,
+    whole_share,
 )
 from colossal_jax.auto.per_device import pipeline_shape, stack_params
 from colossal_jax.checks.resolve import resolve
@@ -60,7 +61,7 @@ def _compiled_kept_per_token(model, seq: int) -> float:
     stack's gradient at one layer more, less them at one fewer."""
     temps = {}
     for layers in (layer_memory.STACK, layer_memory.STACK + 1):
-        f, params = layer_memory._stack_fn(model, layers, "none")
+        f, params = layer_memory.stack_fn(model, layers, "none")
         x = jax.ShapeDtypeStruct((2, seq, model.n_embd), jnp.float32)
         pos = jax.ShapeDtypeStruct((2, seq), jnp.int32)
         compiled = jax.jit(jax.grad(f, argnums=(0, 1))).lower(params, x, pos).compile()
@@ -528,6 +529,46 @@ def test_1d_whole_outputs_count_apart_only_with_a_fused_backward():
     # none's traced share is exact: the term carries no weight there
     assert memory_weights.weight("kept_1d_whole", "none") == 0.0
     assert memory_weights.weight("kept_1d_whole", "selective") > 0
+
+
+def test_1d_whole_share_is_traced_per_device_for_each_family_and_policy(monkeypatch):
+    """The share 1D leaves whole, from the layer's residuals traced per device: the GPT keeps
+    its layer input and output projection whole under ``selective`` (2 of 9 ``h``-wide units),
+    BERT's post-LayerNorm block its MLP output as well (3 of 10); ``full`` keeps the layer
+    input alone. The share read at a 2-way split gives the 4-way split's kept values too."""
+    gpt = model_config("gpt2-tiny", **SMALL)
+    bert = model_config("bert-tiny", **SMALL)
+    assert whole_share.whole_share(gpt, "selective") == pytest.approx(2 / 9)
+    assert whole_share.whole_share(bert, "selective") == pytest.approx(3 / 10)
+    assert whole_share.whole_share(bert, "full") == pytest.approx(1.0)
+    w, one = whole_share.whole_share(bert, "dots"), layer_memory.kept(bert, "dots").other
+    monkeypatch.setattr(whole_share, "SPLIT", 4)
+    assert whole_share._split_other(bert, "dots") == pytest.approx(one * (w + (1 - w) / 4))
+
+
+def test_1d_whole_share_is_traced_once_then_read_from_disk(tmp_path, monkeypatch):
+    monkeypatch.setenv("COLOSSAL_JAX_CACHE", str(tmp_path))
+    model = model_config("bert-tiny", **{**SMALL, "n_embd": 96})  # a size nothing else uses
+    whole_share.whole_share.cache_clear()
+    first = whole_share.whole_share(model, "selective")
+    whole_share.whole_share.cache_clear()
+
+    def no_trace(*_a, **_k):
+        raise AssertionError("traced again instead of reading the cache")
+
+    monkeypatch.setattr(whole_share, "_split_other", no_trace)
+    assert whole_share.whole_share(model, "selective") == first
+    whole_share.whole_share.cache_clear()
+
+
+def test_1d_plans_keep_the_traced_whole_share():
+    """A 1D plan's kept values per token: the whole share on every device, the rest split."""
+    plan = _plan(remat="selective", data=2, tensor_row=4, tensor_mode="1d")
+    k, w = (
+        layer_memory.kept(plan.model, "selective"),
+        whole_share.whole_share(plan.model, "selective"),
+    )
+    assert memory.kept_elements(plan) == pytest.approx(k.other * (w + (1 - w) / 4))
 
 
 def test_remat_policies_weigh_the_memory_terms_by_their_own_weights():

@@ -112,7 +112,7 @@ def on_cpu() -> Any:
     return use_parallelism(one.layout, one.local_attention)
 
 
-def _stack_fn(model: Any, layers: int, remat: str) -> tuple[Any, Any]:
+def stack_fn(model: Any, layers: int, remat: str) -> tuple[Any, Any]:
     """``(f, params)``: ``f(params, x, positions)``, the sum of the outputs of ``layers`` layers of
     ``model``'s stack under ``remat`` (its gradient is a training step's backward), with the
     stack's abstract parameters."""
@@ -154,7 +154,7 @@ def _traced_kept(model: Any, remat: str) -> Kept:
     import jax.numpy as jnp
     from jax._src.ad_checkpoint import saved_residuals
 
-    f, params = _stack_fn(model, 1, remat)
+    f, params = stack_fn(model, 1, remat)
     s = TRACE_LEN
     x = jax.ShapeDtypeStruct((1, s, model.n_embd), jnp.float32)
     positions = jax.ShapeDtypeStruct((1, s), jnp.int32)
@@ -222,7 +222,7 @@ def _temp_elements(model: Any, batch: int, seq: int) -> float:
     import jax.numpy as jnp
     from jax.sharding import SingleDeviceSharding
 
-    f, params = _stack_fn(model, STACK, "none")
+    f, params = stack_fn(model, STACK, "none")
     on = SingleDeviceSharding(jax.devices("cpu")[0])
     x = jax.ShapeDtypeStruct((batch, seq, model.n_embd), jnp.float32, sharding=on)
     positions = jax.ShapeDtypeStruct((batch, seq), jnp.int32, sharding=on)
@@ -374,7 +374,7 @@ def _ring_stack_temp(model: Any, b: int, t: int, hops: int) -> float:
     cfg = ParallelConfig(seq=hops, seq_mode="ring")
     mesh = build_mesh(cfg, jax.devices("cpu")[:hops])
     layout, attention = make_layout(cfg, mesh), make_local_attention(cfg)
-    f, params = _stack_fn(model, STACK, "none")
+    f, params = stack_fn(model, STACK, "none")
 
     def per_device(p, x, positions):
         with use_parallelism(layout, attention):

@@ -38,6 +38,7 @@ from colossal_jax.auto.per_device import (
     tokens_per_microbatch,
 )
 from colossal_jax.auto.per_token_memo import per_token
+from colossal_jax.auto.whole_share import whole_share
 from colossal_jax.config.optimizers import optimizer
 from colossal_jax.config.pipelines import pipeline_schedule
 from colossal_jax.config.plan import Plan
@@ -98,11 +99,16 @@ def h_share(plan: Plan, counts: tuple[float, float, float]) -> float:
 
 def _whole_share(plan: Plan, remat: str) -> float:
     """The share of a layer's non-score kept values that 1D tensor parallelism leaves whole on
-    every device: under ``none``, read off the family's traced residuals
-    (:attr:`colossal_jax.auto.layer_memory.Kept.whole`: 0.26 for the 4-layer GPT, where its 1D
-    plans' compiled memory says 0.25); under the policies that keep matmul outputs, whose
-    ``[s, h]`` Q/K/V outputs the trace cannot tell from the whole ones, :data:`PER_TOKEN`'s
+    every device: the family's layer traced per device on a 2-way 1D split
+    (:func:`colossal_jax.auto.whole_share.whole_share`: under ``none`` 0.26 for the 4-layer GPT,
+    where its 1D plans' compiled memory says 0.25; under ``selective`` 0.22 for the GPT, 0.30 for
+    BERT, whose post-LayerNorm block keeps its MLP output whole as well). Where it cannot be
+    traced (one CPU device): under ``none`` the traced residuals' ``h``-wide share
+    (:attr:`colossal_jax.auto.layer_memory.Kept.whole`), under a policy :data:`PER_TOKEN`'s
     proportion."""
+    share = whole_share(plan.model, remat)
+    if share is not None:
+        return share
     if remat != "none":
         return h_share(plan, PER_TOKEN[remat])
     k = layer_memory.kept(plan.model, "none")
