@@ -599,3 +599,18 @@ def test_zero_gradient_terms_follow_the_compiled_step():
     base = _plan(data=8, zero=2)
     acc = resolve(dataclasses.replace(base.config, grad_accum=2), base.devices)
     assert memory.memory_terms(acc)["grads"] == pytest.approx(grads(0) * (1 + 1 / 8))
+
+
+def test_grid_modes_hold_their_weights_gathered_along_one_side(monkeypatch):
+    """SUMMA-style 2D gathers a layer's weight to ``q`` times its block (``q = 2`` on a 2×2
+    grid): one more block of the one-device weight gradient, in fp32; 1D and no split hold the
+    block alone."""
+    grid = _plan(data=2, tensor_row=2, tensor_col=2, tensor_mode="2d")
+    w = layer_memory.working(grid.model, grid.config.seq_len)
+    gathered = memory.working_parts(grid)["working"]
+    assert memory._gathered_weights(grid) == 2.0
+    monkeypatch.setattr(memory, "_gathered_weights", lambda plan: 1.0)
+    assert gathered - memory.working_parts(grid)["working"] == pytest.approx(4 * w.fixed / 4)
+    monkeypatch.undo()
+    assert memory._gathered_weights(_plan(data=2, tensor_row=4, tensor_mode="1d")) == 1.0
+    assert memory._gathered_weights(_plan(data=8)) == 1.0

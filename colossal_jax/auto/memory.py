@@ -222,8 +222,9 @@ def working_parts(plan: Plan, *, floor: bool = False) -> dict[str, float]:
     """One layer's backward transients on one device, in bytes, in four parts (each a term of
     :func:`memory_terms`): ``working``, the family's measured working set under ``remat=none``
     (:func:`colossal_jax.auto.layer_memory.working`: per token, its scores split like the kept
-    ones, and one layer's weight gradient split by the tensor mode; under ring attention the
-    ring kernel's own score blocks, :func:`colossal_jax.auto.layer_memory.ring_blocks`) and the
+    ones, and one layer's weight gradient split by the tensor mode, a grid's gathered along one
+    side, :func:`_gathered_weights`; under ring attention the ring kernel's own score blocks,
+    :func:`colossal_jax.auto.layer_memory.ring_blocks`) and the
     grid's gathered linear inputs; ``working_rsa``, under ring self-attention the rows its
     kernel holds beyond XLA's attention (:func:`colossal_jax.auto.layer_memory.rsa_rows`);
     ``working_recomputed``, under a policy that recomputes, in a pipeline of multi-layer
@@ -268,11 +269,24 @@ def working_parts(plan: Plan, *, floor: bool = False) -> dict[str, float]:
     ab, tok = act_bytes(plan), tokens_per_microbatch(plan)
     split = param_split(plan.config.parallel)
     return {
-        "working": ab * (base * tok + w.fixed / split),
+        "working": ab * (base * tok + w.fixed * _gathered_weights(plan) / split),
         "working_rsa": ab * rsa * tok,
         "working_recomputed": ab * recomputed * tok,
         "working_policy": ab * (policy * tok + pw.fixed / split),
     }
+
+
+def _gathered_weights(plan: Plan) -> float:
+    """How many times its stored block a layer's weight is in the layer's backward on one
+    device: a grid mode's linear all-gathers its weight along one side of the grid (SUMMA-style
+    2D and 2.5D: ``W[N/q, K/q]`` to ``[N, K/q]``; 3D: ``[N/q, K/q]`` of its ``q³`` split), and
+    its gradient is that size before the reduce-scatter, ``q`` times the block
+    (:mod:`colossal_jax.tensor.two_d`); 1 without a grid. With the one-device weight gradient
+    split by the mode alone, the 2D 2×2 plans of bert-tiny widened (held out) compiled up to
+    13.2% over the prediction, the GPT's up to 8.6%; with it, 9.9% and 5.8%."""
+    if act_split(plan) <= 1:
+        return 1.0
+    return float(plan.config.parallel.tensor_row)
 
 
 def recomputed_layer_counts(plan: Plan) -> bool:
