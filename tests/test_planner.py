@@ -255,10 +255,12 @@ CARELESS = [
     ("sweep_meshes", ["--from-json", "{rowless}"], "row 0 lacks chosen"),
     ("sweep_meshes", ["--current"], "--current needs --from-json"),
     ("sweep_meshes", ["--one-scale"], "--one-scale needs --from-json"),
-    # a sweep of another model or size: none of the planner's current plans is in it
+    # a sweep of another model or size: none of the planner's current plans is in it (the
+    # batch and sequence of _cfg, whose layer figures the tests above put on disk)
     (
         "sweep_meshes",
-        ["--devices", "2", "--from-json", "{foreign}", "--current"],
+        ["--devices", "2", "--batch-size", "8", "--seq-len", "64", "--from-json", "{foreign}"]
+        + ["--current"],
         "a sweep of another model or size?",
     ),
 ]

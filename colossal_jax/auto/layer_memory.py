@@ -43,6 +43,7 @@ import functools
 import hashlib
 import json
 import math
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -149,24 +150,39 @@ def kept(model: Any, remat: str) -> Kept:
     return result
 
 
-def _traced_kept(model: Any, remat: str) -> Kept:
+def trace_inputs(model: Any) -> tuple[Any, Any]:
+    """The abstract layer input ``[1, TRACE_LEN, n_embd]`` and positions ``[1, TRACE_LEN]`` one
+    layer of the stack is traced at (nothing allocated)."""
     import jax
     import jax.numpy as jnp
+
+    x = jax.ShapeDtypeStruct((1, TRACE_LEN, model.n_embd), jnp.float32)
+    return x, jax.ShapeDtypeStruct((1, TRACE_LEN), jnp.int32)
+
+
+def layer_residuals(
+    residuals: list[tuple[Any, str]],
+) -> Iterator[tuple[tuple[int, ...], float, int]]:
+    """Of ``saved_residuals``' output for the scanned stack, the values each layer keeps (the
+    scan's outputs; parameters and loop-invariant values left out): each one's shape less the
+    scan's layer dimension, its elements, and how many of its dimensions are the trace's
+    :data:`TRACE_LEN` tokens."""
+    for aval, where in residuals:
+        if "output of scan" not in where:
+            continue
+        shape = tuple(aval.shape[1:])
+        yield shape, float(math.prod(shape)), sum(1 for d in shape if d == TRACE_LEN)
+
+
+def _traced_kept(model: Any, remat: str) -> Kept:
     from jax._src.ad_checkpoint import saved_residuals
 
     f, params = stack_fn(model, 1, remat)
     s = TRACE_LEN
-    x = jax.ShapeDtypeStruct((1, s, model.n_embd), jnp.float32)
-    positions = jax.ShapeDtypeStruct((1, s), jnp.int32)
     other = scores = whole = 0.0
     with on_cpu():
-        residuals = saved_residuals(f, params, x, positions)
-    for aval, where in residuals:
-        if "output of scan" not in where:  # parameters, the stack's loop-invariant values
-            continue
-        shape = aval.shape[1:]  # less the scan's layer dimension
-        size = float(math.prod(shape))
-        tokens = sum(1 for d in shape if d == s)
+        residuals = saved_residuals(f, params, *trace_inputs(model))
+    for shape, size, tokens in layer_residuals(residuals):
         if tokens >= 2:
             scores += size / (s * s) / model.n_head
         elif tokens == 1:

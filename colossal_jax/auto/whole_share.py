@@ -18,10 +18,15 @@ Nothing is compiled or allocated; the figure is kept on disk beside the layer's 
 from __future__ import annotations
 
 import functools
-import math
 from typing import Any
 
-from colossal_jax.auto.layer_memory import TRACE_LEN, figure_key, kept
+from colossal_jax.auto.layer_memory import (
+    TRACE_LEN,
+    figure_key,
+    kept,
+    layer_residuals,
+    trace_inputs,
+)
 
 SPLIT = 2
 """The 1D split :func:`whole_share` traces the layer under (any split gives the same share)."""
@@ -61,7 +66,6 @@ def _split_other(model: Any, remat: str) -> float:
     :data:`SPLIT`-way 1D split: ``jax.vjp``'s saved residuals of one layer of the scanned stack,
     traced inside the step's ``shard_map`` over the mesh, where their shapes are per device."""
     import jax
-    import jax.numpy as jnp
     from jax._src.ad_checkpoint import saved_residuals
     from jax.sharding import PartitionSpec as P
 
@@ -92,15 +96,5 @@ def _split_other(model: Any, remat: str) -> float:
     )
     specs = (split, layout.residual_spec(), layout.token_spec())
     step = jax.shard_map(per_device, mesh=mesh, in_specs=specs, out_specs=P(), check_vma=False)
-    s = TRACE_LEN
-    x = jax.ShapeDtypeStruct((1, s, model.n_embd), jnp.float32)
-    positions = jax.ShapeDtypeStruct((1, s), jnp.int32)
-    jax.make_jaxpr(step)(params, x, positions)  # a trace: nothing compiled
-    other = 0.0
-    for aval, where in residuals:
-        if "output of scan" not in where:  # parameters, the stack's loop-invariant values
-            continue
-        shape = aval.shape[1:]  # less the scan's layer dimension
-        if sum(1 for d in shape if d == s) == 1:
-            other += math.prod(shape) / s
-    return other
+    jax.make_jaxpr(step)(params, *trace_inputs(model))  # a trace: nothing compiled
+    return sum(size / TRACE_LEN for _, size, tokens in layer_residuals(residuals) if tokens == 1)
