@@ -485,8 +485,25 @@ def test_the_recomputed_layer_counts_only_in_multi_layer_pipeline_chunks():
         ),
         ({"tensor_row": 2, "tensor_col": 2, "tensor_depth": 2, "tensor_mode": "3d"}, "selective"),
         ({"data": 2, "tensor_row": 4, "tensor_mode": "1d"}, "dots"),
+        (
+            {
+                "pipe": 4,
+                "tensor_row": 2,
+                "tensor_mode": "1d",
+                "pipeline": "interleaved",
+                "microbatches": 8,
+                "virtual_stages": 2,
+            },
+            "full",
+        ),
     ],
-    ids=["unpipelined", "two-stage-1d", "3d-partial-products", "1d-whole-outputs"],
+    ids=[
+        "unpipelined",
+        "two-stage-1d",
+        "3d-partial-products",
+        "1d-whole-outputs",
+        "1d-one-layer-chunks-full",
+    ],
 )
 def test_remat_memory_is_within_10_percent_of_the_compiled_peak(par, remat):
     """Shapes the recomputed layer's rule was not fitted on (8 layers; the fit: 4): 8 CPU
@@ -496,6 +513,28 @@ def test_remat_memory_is_within_10_percent_of_the_compiled_peak(par, remat):
     plan = _plan(remat=remat, model={"n_layer": 8, "n_embd": 256}, seq_len=256, **par)
     compiled = measure.compile_plan(plan).peak_bytes
     assert memory.memory_bytes(plan) == pytest.approx(compiled, rel=0.10)
+
+
+def test_a_1d_one_layer_chunk_under_full_remat_holds_its_recomputed_whole_values():
+    """``pipe_recomputed_1d_whole``: ``none``'s kept values times its whole share, for one
+    microbatch, in a 1D pipeline of one-layer chunks under ``full`` alone (the compiled check:
+    the ``1d-one-layer-chunks-full`` case above, 10.8% under without it)."""
+    from colossal_jax.auto.per_device import tokens_per_microbatch
+
+    one = {"pipe": 4, "tensor_row": 2, "tensor_mode": "1d", "pipeline": "gpipe"}
+    plan = _plan(remat="full", layers=4, microbatches=8, **one)
+    k = layer_memory.kept(plan.model, "none")
+    whole = k.other * memory._whole_share(plan, "none") * tokens_per_microbatch(plan) * 4
+    assert whole > 0
+    assert memory.memory_terms(plan)["pipe_recomputed_1d_whole"] == pytest.approx(whole)
+    others = [
+        _plan(remat="dots", layers=4, microbatches=8, **one),  # the policy keeps its outputs
+        _plan(remat="full", layers=8, microbatches=8, **one),  # two-layer chunks: the layer
+        _plan(remat="full", layers=4, data=2, pipe=4, pipeline="gpipe", microbatches=8),
+        _plan(remat="full", layers=4, data=4, tensor_row=2, tensor_mode="1d"),
+    ]
+    for other in others:
+        assert memory.memory_terms(other)["pipe_recomputed_1d_whole"] == 0.0
 
 
 def test_grid_modes_flops_are_priced_apart_on_the_cpu():

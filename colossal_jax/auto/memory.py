@@ -179,6 +179,25 @@ def whole_1d_bytes(plan: Plan) -> float:
     return whole * act_bytes(plan) * tokens_per_microbatch(plan) * layers * _in_flight(plan)
 
 
+def recomputed_whole_1d_bytes(plan: Plan) -> float:
+    """Under ``remat=full``, in a 1D pipeline of one-layer chunks: the bytes of the values 1D
+    leaves whole (the residual stream, the row-parallel linears' all-reduced outputs, the norms'
+    statistics: ``remat=none``'s kept values times its traced whole share,
+    :func:`_whole_share`) that the tick's backward recomputes for one microbatch, beside what
+    the working set and the chunk's record already count; 0 elsewhere. Where the chunk holds
+    several layers the whole recomputed layer counts (:func:`recomputed_layer_counts`); in a
+    one-layer chunk, fitted on the GPT's five such plans, the whole values alone do (weight in
+    :data:`~colossal_jax.auto.memory_weights.MEMORY_COEF`; docs/planner.md)."""
+    par = plan.config.parallel
+    if plan.remat != "full" or not par.pipelined or par.tensor_mode != "1d":
+        return 0.0
+    if par.tensor_size == 1 or recomputed_layer_counts(plan):
+        return 0.0
+    k = layer_memory.kept(plan.model, "none")
+    whole = k.other * _whole_share(plan, "none")
+    return whole * act_bytes(plan) * tokens_per_microbatch(plan)
+
+
 def _record_elements(plan: Plan) -> float:
     return per_token(plan, "record", lambda: _record_elements_of(plan))
 
@@ -374,7 +393,9 @@ def memory_terms(plan: Plan, *, floor: bool = False) -> dict[str, float]:
       self-attention's extra rows, a recomputed layer in a pipeline's chunk and, without a
       pipeline, the remat policy's recomputed intermediates (:func:`working_parts`);
     - ``kept_1d_whole``: the kept values 1D leaves whole beyond a ``1/t`` share
-      (:func:`whole_1d_bytes`);
+      (:func:`whole_1d_bytes`); ``pipe_recomputed_1d_whole``: under ``full``, in a 1D pipeline
+      of one-layer chunks, the whole values a tick's backward recomputes
+      (:func:`recomputed_whole_1d_bytes`);
     - ``logits``: the logits, their softmax and gradient in fp32, split over the tensor group.
     """
     par = plan.config.parallel
@@ -440,6 +461,7 @@ def memory_terms(plan: Plan, *, floor: bool = False) -> dict[str, float]:
         "working_recomputed": working["working_recomputed"],
         "working_policy": working["working_policy"],
         "kept_1d_whole": whole_1d_bytes(plan),
+        "pipe_recomputed_1d_whole": recomputed_whole_1d_bytes(plan),
         "logits": logits,
     }
 

@@ -15,6 +15,7 @@ MEMORY_COEF = {
     "working_recomputed": 1.0,
     "working_policy": 1.0,
     "kept_1d_whole": 0.0,
+    "pipe_recomputed_1d_whole": 0.86,
     "pipe_kept": 1.0,
     "pipe_body": 2.48,
     "pipe_body_split": 1.38,
@@ -35,7 +36,11 @@ does not hold all of either at once). The ring's weight is non-negative least sq
 compiled memory of the 4-layer, 256-wide GPT's pipelined plans on 8 CPU devices (two sweeps, 32
 plans, 2026-11-27); the other four on all 280 pipelined plans of its 320 (2026-11-29; that fit
 alone sets the ring's to 0, which leaves llama-tiny's pipelined ring plans up to 12.9% under).
-llama-tiny is held out (docs/planner_log.md, "Memory")."""
+llama-tiny is held out (docs/planner_log.md, "Memory"). ``pipe_recomputed_1d_whole``, 0.86: least
+squares on the compiled memory of the GPT's five 1D pipelined ``full`` plans with one-layer
+chunks in the stored sweeps (2026-12-08; they were 6–26% under without it, 4.7% over to 4.8% under
+with it); held out, the 8-layer GPT in eight interleaved one-layer chunks, 10.8% under without
+it, 0.3% over with it."""
 
 
 REMAT_COEF: dict[str, dict[str, float]] = {
