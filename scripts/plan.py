@@ -41,7 +41,7 @@ import sys
 import time
 from pathlib import Path
 
-from colossal_jax.auto import hardware, memory
+from colossal_jax.auto import attention_memory, hardware, memory
 from colossal_jax.auto.choose import budget_of, preset_text, summary
 from colossal_jax.auto.hardware import DEVICES
 from colossal_jax.auto.search import (
@@ -166,7 +166,7 @@ def _on_cpu(plan):
     like cuDNN keeps no score matrix, so the CPU compile holds what the GPU's would."""
     if plan.devices.platform == "cpu":
         return plan
-    flash = memory.flash_attention(plan)
+    flash = attention_memory.flash_attention(plan)
     plan = dataclasses.replace(plan, devices=dataclasses.replace(plan.devices, platform="cpu"))
     if flash:
         plan = dataclasses.replace(

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from colossal_jax.auto import cost, hardware, memory, space
+from colossal_jax.auto import attention_memory, cost, hardware, memory, space
 from colossal_jax.auto.search import impossible, search
 from colossal_jax.checks.resolve import resolve
 from colossal_jax.config import ConfigError, ParallelConfig, TrainConfig
@@ -294,15 +294,19 @@ def _resolved(platform: str, precision: str, **par) -> object:
 
 def test_flash_and_ring_attention_keep_no_scores():
     a, s = 8, 64  # gpt2-tiny's heads, _cfg's sequence
-    assert memory.scores_per_token(_resolved("cpu", "fp32", data=8)) == a * s
-    assert memory.scores_per_token(_resolved("gpu", "fp32", data=8)) == a * s  # cuDNN needs 16-bit
+    assert attention_memory.scores_per_token(_resolved("cpu", "fp32", data=8)) == a * s
+    assert (
+        attention_memory.scores_per_token(_resolved("gpu", "fp32", data=8)) == a * s
+    )  # cuDNN needs 16-bit
     flash = _resolved("gpu", "bf16", data=8)
-    assert memory.flash_attention(flash) and memory.scores_per_token(flash) == 0
+    assert attention_memory.flash_attention(flash) and attention_memory.scores_per_token(flash) == 0
     ulysses = _resolved("gpu", "bf16", data=2, seq=4, seq_mode="ulysses")
-    assert memory.scores_per_token(ulysses) == 0
+    assert attention_memory.scores_per_token(ulysses) == 0
     ring = _resolved("cpu", "fp32", data=2, seq=4, seq_mode="ring")
-    assert memory.scores_per_token(ring) == 0
-    assert memory.scores_per_token(ring, kept=False) == a * s / 4  # one block while it runs
+    assert attention_memory.scores_per_token(ring) == 0
+    assert (
+        attention_memory.scores_per_token(ring, kept=False) == a * s / 4
+    )  # one block while it runs
     plain = _resolved("cpu", "fp32", data=2, seq=4, seq_mode="ulysses")
     assert memory.memory_bytes(ring) < memory.memory_bytes(plain)
 

@@ -43,7 +43,7 @@ import functools
 import hashlib
 import json
 import math
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -298,21 +298,32 @@ def ring_blocks(model: Any, seq: int) -> float | None:
     stack's gradient on a sequence axis of :func:`ring_hops` devices (:func:`_stack_blocks`);
     None when this process has fewer CPU devices than that (one device is a single hop, which
     XLA simplifies). Read from the disk cache when it holds it."""
+    hops = ring_hops(seq)
+    meta = {"model": repr(model), "kind": "ring", "hops": hops}
+    return cached_trace(
+        figure_key(model, hops, "ring"), "blocks", hops, meta, lambda: _stack_blocks(model, hops)
+    )
+
+
+def cached_trace(
+    key: str, field: str, devices: int, meta: dict[str, Any], compute: Callable[[], float]
+) -> float | None:
+    """A layer figure traced or compiled on ``devices`` CPU devices: read from the disk cache
+    (kind ``layer``) under ``key`` when it holds it, else ``compute()``d and kept there as
+    ``field``; None when this process has fewer CPU devices than that."""
     import jax
 
     from colossal_jax.auto.cache import Cache
 
-    hops = ring_hops(seq)
-    key = figure_key(model, hops, "ring")
     cache = Cache("layer")
     hit = cache.get(key)
     if hit is not None:
-        return float(hit["blocks"])
-    if len(jax.devices("cpu")) < hops:
+        return float(hit[field])
+    if len(jax.devices("cpu")) < devices:
         return None
-    blocks = _stack_blocks(model, hops)
-    cache.put(key, {"blocks": blocks}, {"model": repr(model), "kind": "ring", "hops": hops})
-    return blocks
+    value = compute()
+    cache.put(key, {field: value}, meta)
+    return value
 
 
 RSA_MAX_HOPS = 8

@@ -14,13 +14,15 @@ the larger of the residuals and the linears' inputs and output gradients; with a
 the tick's body, a few chunks of them, a tick's chunk gradient and the output gradients
 waiting in the schedule's slots), the logits and their gradient. Attention
 keeps its ``a·s`` scores per token only where it runs XLA's reference kernel: cuDNN flash
-attention (GPU, 16-bit) and ring attention keep none (:func:`scores_per_token`). On a GPU the
+attention (GPU, 16-bit) and ring attention keep none
+(:func:`colossal_jax.auto.attention_memory.scores_per_token`). On a GPU the
 offloaded state stays in host memory.
 """
 
 from __future__ import annotations
 
 from colossal_jax.auto import layer_memory, policy_memory
+from colossal_jax.auto.attention_memory import scores_per_token
 from colossal_jax.auto.memory_weights import weighted
 from colossal_jax.auto.per_device import (
     act_bytes,
@@ -75,7 +77,8 @@ def _split_elements(
 ) -> float:
     """Elements per token per layer on one device of ``other`` elements per token (of which
     the share ``h_share`` is h-wide values) and ``scores`` score rows (units of ``a·s``, as
-    :func:`scores_per_token` counts them; ``kept``: held to the backward, else one layer's
+    :func:`~colossal_jax.auto.attention_memory.scores_per_token` counts them; ``kept``: held
+    to the backward, else one layer's
     working set): the grid modes cut every activation over the whole tensor group, 1D cuts all
     but the h-wide values, no tensor mode cuts nothing; Ulysses cuts the heads over ``seq``
     (its tokens are whole sequences of fewer heads)."""
@@ -326,40 +329,6 @@ def recomputed_layer_counts(plan: Plan) -> bool:
     if not par.pipelined:
         return False
     return plan.model.n_layer // (par.pipe * plan.virtual_stages) >= 2
-
-
-def flash_attention(plan: Plan) -> bool:
-    """Whether the plan's attention runs cuDNN's fused (flash) kernel: on a GPU, in bf16/fp16,
-    ``--attention`` not ``xla``, where token order is position order (no sequence split, or
-    Ulysses; :func:`colossal_jax.sequence.fused.resolve`)."""
-    from colossal_jax.config.seq_modes import seq_mode
-
-    par = plan.config.parallel
-    in_order = par.seq == 1 or seq_mode(par.seq_mode).position_order
-    half = plan.precision in ("bf16", "fp16")
-    return plan.devices.platform == "gpu" and half and plan.config.attention != "xla" and in_order
-
-
-def scores_per_token(plan: Plan, *, kept: bool = True) -> float:
-    """Attention score elements per token and layer (``a·s``: every head's row of scores) that
-    the attention keeps for its backward (``kept``) or holds while it runs: none kept by
-    cuDNN flash attention (it keeps the output and the log-sum-exp, and recomputes the scores
-    in its backward), by the blockwise kernel and by ring attention (their custom backward
-    keeps q, k, v, the output and the log-sum-exp, :mod:`colossal_jax.sequence.ring`); while
-    running, the ring holds one block's, ``a·s/seq``, the blockwise kernel one key block's,
-    ``a·B`` (:func:`colossal_jax.sequence.blockwise.block_size`), and flash attention none
-    outside the kernel."""
-    from colossal_jax.sequence.blockwise import block_size
-
-    cfg, par = plan.config, plan.config.parallel
-    a = plan.model.n_head
-    if flash_attention(plan):
-        return 0.0
-    if blockwise_attention(plan):
-        return 0.0 if kept else float(a * block_size(cfg.seq_len))
-    if ring_attention(plan):
-        return 0.0 if kept else a * cfg.seq_len / par.seq
-    return float(a * cfg.seq_len)
 
 
 def memory_terms(plan: Plan, *, floor: bool = False) -> dict[str, float]:

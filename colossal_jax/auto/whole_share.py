@@ -22,6 +22,7 @@ from typing import Any
 
 from colossal_jax.auto.layer_memory import (
     TRACE_LEN,
+    cached_trace,
     figure_key,
     kept,
     layer_residuals,
@@ -40,24 +41,17 @@ def whole_share(model: Any, remat: str) -> float | None:
     ``none`` / ``dots`` / ``selective``, 0.26 / 0.27 / 0.30 for BERT, 1 under ``full``; None
     when the layer keeps nothing per token or this process has a single CPU device. Read from
     the disk cache when it holds it."""
-    import jax
-
-    from colossal_jax.auto.cache import Cache
-
     whole = kept(model, remat).other
     if whole <= 0:
         return None
+
+    def traced() -> float:
+        ratio = _split_other(model, remat) / whole  # o_t / o_1 = w + (1 - w) / t
+        return min(1.0, max(0.0, (SPLIT * ratio - 1) / (SPLIT - 1)))
+
     key = figure_key(model, TRACE_LEN, f"whole1d/{remat}")
-    cache = Cache("layer")
-    hit = cache.get(key)
-    if hit is not None:
-        return float(hit["share"])
-    if len(jax.devices("cpu")) < SPLIT:
-        return None
-    ratio = _split_other(model, remat) / whole  # o_t / o_1 = w + (1 - w) / t
-    share = min(1.0, max(0.0, (SPLIT * ratio - 1) / (SPLIT - 1)))
-    cache.put(key, {"share": share}, {"model": repr(model), "kind": "whole1d", "remat": remat})
-    return share
+    meta = {"model": repr(model), "kind": "whole1d", "remat": remat}
+    return cached_trace(key, "share", SPLIT, meta, traced)
 
 
 def _split_other(model: Any, remat: str) -> float:
