@@ -168,9 +168,10 @@ def whole_1d_bytes(plan: Plan) -> float:
     ``1/t`` share a split would leave, for every layer of a stage and microbatch in flight
     (with a fused backward; 0 elsewhere and without 1D): under a policy that keeps matmul
     outputs, its row-parallel linears keep their ``[tokens, h]`` outputs before the all-reduce,
-    whose share of the kept values :data:`PER_TOKEN`'s proportion underestimates (weighted in
-    :data:`~colossal_jax.auto.memory_weights.REMAT_COEF`; under ``none`` the traced share is
-    exact, weight 0)."""
+    whose share of the kept values :data:`PER_TOKEN`'s proportion underestimated (weighted in
+    :data:`~colossal_jax.auto.memory_weights.REMAT_COEF`, fitted before the share was traced per
+    device, :func:`_whole_share`, and kept since: the stored lists' memory held with them; under
+    ``none`` the traced share is exact, weight 0)."""
     par = plan.config.parallel
     if par.tensor_mode != "1d" or par.tensor_size == 1 or plan.remat == "offload":
         return 0.0
